@@ -1,0 +1,110 @@
+/* lumenrt native core: bounded rings, one interface over four implementations.
+ *
+ *   LRT_RING_MPMC     lock-free multi-producer multi-consumer (Vyukov), any number of threads/processes
+ *   LRT_RING_SPSC     lock-free single-producer single-consumer
+ *   LRT_RING_NAIVE    one robust process-shared mutex; pop_many takes the lock once per element
+ *   LRT_RING_BATCHED  the same mutex ring, but pop_many drains up to N elements per lock acquisition
+ *
+ * A ring lives entirely in a caller-given region (lrt_ring_required_bytes()), initialised once by
+ * lrt_ring_create() and mapped by any number of lrt_ring_attach() calls, in this process or in others
+ * that map the same shared memory. The lrt_ring handle is process-local and is freed by
+ * lrt_ring_free(); the region belongs to the caller, who must keep it mapped while handles exist.
+ *
+ * Blocking calls (push, pop, pop_many) spin, then yield, then sleep on a futex. No system call is
+ * made on the path where the ring is neither empty nor full: a producer enters the kernel only when a
+ * consumer is really asleep (and vice versa), as counted by lrt_ring_stats.futex_wakes.
+ *
+ * Timeouts are in nanoseconds: timeout_ns < 0 waits forever, 0 behaves like the try_ call.
+ */
+#ifndef LRT_RING_H
+#define LRT_RING_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lrt_ring_kind {
+    LRT_RING_MPMC = 1,
+    LRT_RING_SPSC = 2,
+    LRT_RING_NAIVE = 3,
+    LRT_RING_BATCHED = 4,
+} lrt_ring_kind;
+
+/* Threads (across all processes) that may use one ring at the same time. Each thread registers
+ * once per ring, lazily, on its first call; the entry of a dead process is recycled by
+ * lrt_ring_recover(), the entry of an exited thread on the next registration that finds the table
+ * full. */
+#define LRT_MAX_AGENTS 64
+
+/* Flags for lrt_ring_config.flags */
+#define LRT_RING_PSHARED 0x1u /* region is shared between processes (futexes must not be private) */
+
+typedef struct lrt_ring_config {
+    uint32_t kind;        /* lrt_ring_kind */
+    uint32_t flags;       /* LRT_RING_* */
+    uint64_t capacity;    /* elements, power of two, >= 2 */
+    int32_t spin_iters;   /* busy polls before yielding; < 0 = default for the kind */
+    int32_t yield_iters;  /* sched_yield polls before sleeping; < 0 = default for the kind */
+} lrt_ring_config;
+
+typedef struct lrt_ring lrt_ring;
+
+typedef struct lrt_ring_stats {
+    uint64_t capacity;
+    uint64_t len;
+    uint64_t pushed;         /* elements pushed since create (tail position) */
+    uint64_t popped;         /* elements popped since create (head position) */
+    uint64_t futex_waits;    /* times a thread went to sleep */
+    uint64_t futex_wakes;    /* FUTEX_WAKE system calls made */
+    uint64_t tombstones;     /* cells repaired after a producer died mid-push */
+    uint64_t released;       /* cells repaired after a consumer died mid-pop */
+    uint32_t closed;
+    uint32_t agents;         /* registered agent entries */
+} lrt_ring_stats;
+
+size_t lrt_ring_required_bytes(uint64_t capacity);
+
+/* Initialise a ring in `region` (at least lrt_ring_required_bytes(), 64-byte aligned) and return a
+ * handle in *out. */
+int lrt_ring_create(void *region, size_t region_bytes, const lrt_ring_config *cfg, lrt_ring **out);
+/* Map a handle onto a region already initialised by lrt_ring_create (possibly in another process). */
+int lrt_ring_attach(void *region, size_t region_bytes, lrt_ring **out);
+/* Free the process-local handle (the region is the caller's). */
+void lrt_ring_free(lrt_ring *r);
+
+int lrt_ring_try_push(lrt_ring *r, const lrt_desc *d);
+int lrt_ring_push(lrt_ring *r, const lrt_desc *d, int64_t timeout_ns);
+int lrt_ring_try_pop(lrt_ring *r, lrt_desc *out);
+int lrt_ring_pop(lrt_ring *r, lrt_desc *out, int64_t timeout_ns);
+/* Wait (up to timeout_ns) for at least one element, then take every element available up to
+ * max_n without waiting further. Returns the count (> 0) or a negative status. */
+int lrt_ring_pop_many(lrt_ring *r, lrt_desc *out, int max_n, int64_t timeout_ns);
+
+/* Refuse further pushes and wake every waiter. Elements already in the ring can still be popped;
+ * once it is drained, pops return LRT_CLOSED. Idempotent. */
+void lrt_ring_close(lrt_ring *r);
+int lrt_ring_is_closed(const lrt_ring *r);
+
+uint64_t lrt_ring_len(const lrt_ring *r);
+uint64_t lrt_ring_capacity(const lrt_ring *r);
+lrt_ring_kind lrt_ring_get_kind(const lrt_ring *r);
+void lrt_ring_get_stats(const lrt_ring *r, lrt_ring_stats *out);
+
+/* Repair after dead processes (slow path, makes system calls). For every agent whose process is
+ * gone: an MPMC cell it had claimed for a push but never published becomes a tombstone that
+ * consumers skip; a cell it had claimed for a pop but never released is released, and its
+ * descriptor is copied to lost[] (up to max_lost) so the owner can fail that request; its wait
+ * registrations are dropped and its entry freed. Returns the number of lost descriptors (which may
+ * exceed max_lost) or a negative status. Blocking pops and pushes call this by themselves when they
+ * find the ring stalled by an unpublished claim. */
+int lrt_ring_recover(lrt_ring *r, lrt_desc *lost, int max_lost);
+
+const char *lrt_ring_kind_name(lrt_ring_kind kind);
+int lrt_ring_kind_from_name(const char *name); /* kind, or LRT_EINVAL */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

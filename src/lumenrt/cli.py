@@ -1,0 +1,57 @@
+"""The ``lumenrt`` command."""
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lumenrt",
+        description="lumenrt: a low-latency inference server with a small native core.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run a short demo of the native core (ring + arena across processes)",
+        description="Start worker processes that answer requests passed through a shared-memory "
+        "MPMC ring and slab arena, and print the round-trip latency. Sends only in-process/IPC "
+        "traffic; stops by itself.",
+    )
+    demo.add_argument("--requests", type=int, default=20000, help="requests to send (default 20000)")
+    demo.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    demo.add_argument("--queue-type", default="mpmc", choices=["mpmc", "naive", "batched"])
+
+    bench = sub.add_parser("bench", help="benchmarks (see `lumenrt bench --help`)")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    from lumenrt.bench.queues import add_arguments as add_queue_args
+
+    add_queue_args(
+        bench_sub.add_parser(
+            "queues",
+            help="native rings vs queue.Queue, multiprocessing.Queue, faster-fifo, pyzmq",
+            description="Measure, in one run: push+pop pair cost, one-way handoff latency between "
+            "threads and between processes (consumer waiting and busy), and 2-producer/2-consumer "
+            "throughput. Prints a table (or JSON rows with --json) and writes a result file "
+            "recording machine, commit and configuration.",
+        )
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "demo":
+        from lumenrt.demo import run_demo
+
+        return run_demo(requests=args.requests, workers=args.workers, queue_type=args.queue_type)
+    if args.command == "bench" and args.bench_command == "queues":
+        from lumenrt.bench.queues import run_from_args
+
+        return run_from_args(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

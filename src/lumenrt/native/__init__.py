@@ -1,0 +1,70 @@
+"""The native core, seen from Python.
+
+Every structure lives in a caller-given, 64-byte-aligned buffer (usually a :class:`Region`), so the
+same ring or pool serves threads of one process and processes sharing a shared-memory segment::
+
+    region = Region.anonymous(ring_required_bytes(1024))     # shared with children forked later
+    ring = Ring.create(region, "mpmc", 1024)
+    ring.push(42, slot=3, nbytes=600)
+    item = ring.pop(timeout_s=1.0)                            # Item(request_id=42, slot=3, ...)
+
+In another process, ``Ring.attach(Region.attach_shm(name), offset)`` maps the same ring.
+"""
+
+from lumenrt.native._core import (
+    CACHELINE,
+    MAX_AGENTS,
+    NOTIFIER_BYTES,
+    BumpArena,
+    Item,
+    LrtError,
+    Notifier,
+    PoolExhausted,
+    Region,
+    Ring,
+    RingClosed,
+    SlabPool,
+    bump_required_bytes,
+    now_ns,
+    process_alive,
+    ring_required_bytes,
+    slab_required_bytes,
+)
+from lumenrt.native.layout import Layout
+from lumenrt.native.shm import SHM_PREFIX, clean_stale, create_shared, leftover_segments
+
+RING_KINDS: tuple[str, ...] = ("mpmc", "spsc", "naive", "batched")
+
+
+def make_ring(kind: str, capacity: int, *, shared: bool = True, spin_iters: int = -1) -> Ring:
+    """A ring in its own anonymous region (shared with processes forked afterwards)."""
+    region = Region.anonymous(ring_required_bytes(capacity))
+    return Ring.create(region, kind, capacity, shared=shared, spin_iters=spin_iters)
+
+
+__all__ = [
+    "CACHELINE",
+    "MAX_AGENTS",
+    "NOTIFIER_BYTES",
+    "RING_KINDS",
+    "SHM_PREFIX",
+    "BumpArena",
+    "Item",
+    "Layout",
+    "LrtError",
+    "Notifier",
+    "PoolExhausted",
+    "Region",
+    "Ring",
+    "RingClosed",
+    "SlabPool",
+    "bump_required_bytes",
+    "clean_stale",
+    "create_shared",
+    "leftover_segments",
+    "make_ring",
+    "now_ns",
+    "process_alive",
+    "ring_required_bytes",
+    "slab_required_bytes",
+]
