@@ -58,13 +58,19 @@ static uint64_t self_starttime(void) {
 static int thread_alive(uint64_t owner) {
     pid_t pid = (pid_t)(owner >> 32), tid = (pid_t)(owner & 0xffffffffu);
     if (syscall(SYS_tgkill, pid, tid, 0) == 0) return 1;
-    return errno == EPERM; /* exists but not ours to signal */
+    return errno != ESRCH; /* only "no such thread" means gone (EPERM: exists, not ours) */
 }
 
 int lrt_agent_alive(const lrt_agent *a) {
     uint64_t owner = atomic_load(&a->owner);
-    if (owner == 0) return 0;
+    if (owner == 0 || owner == LRT_OWNER_RECLAIMING) return 0;
+    /* starttime is 0 between a registration's CAS and its store: then the pid alone decides */
     return lrt_process_alive((int32_t)(owner >> 32), atomic_load(&a->starttime));
+}
+
+int lrt_agent_thread_alive(const lrt_agent *a) {
+    uint64_t owner = atomic_load(&a->owner);
+    return lrt_agent_alive(a) && thread_alive(owner);
 }
 
 static void agent_reset(lrt_ring_hdr *h, int i) {
@@ -75,6 +81,12 @@ static void agent_reset(lrt_ring_hdr *h, int i) {
     atomic_store(&h->agents[i].pop_claim, 0);
 }
 
+void lrt_agent_release(lrt_ring_hdr *h, int i) {
+    agent_reset(h, i);
+    atomic_store(&h->agents[i].starttime, 0);
+    atomic_store(&h->agents[i].owner, 0); /* seq_cst: the reset above is visible to the next owner */
+}
+
 static int agent_register(lrt_ring *r) {
     lrt_ring_hdr *h = r->hdr;
     uint64_t key = ((uint64_t)(uint32_t)getpid() << 32) | (uint32_t)syscall(SYS_gettid);
@@ -82,7 +94,7 @@ static int agent_register(lrt_ring *r) {
         for (int i = 0; i < LRT_MAX_AGENTS; i++) {
             if (atomic_load(&h->agents[i].owner) != key) continue;
             if (atomic_load(&h->agents[i].starttime) == self_starttime()) return i; /* cache evicted */
-            lrt_ring_recover(r, NULL, 0); /* a dead process whose pid and tid we reuse: repair it */
+            lrt_ring_recover(r, NULL, -1); /* a dead process whose pid and tid we reuse: repair it */
         }
         for (int i = 0; i < LRT_MAX_AGENTS; i++) {
             uint64_t expect = 0;
@@ -97,13 +109,14 @@ static int agent_register(lrt_ring *r) {
          * let recovery free the entries of dead processes. */
         for (int i = 0; i < LRT_MAX_AGENTS; i++) {
             uint64_t o = atomic_load(&h->agents[i].owner);
-            if (o == 0 || thread_alive(o)) continue;
+            if (o == 0 || o == LRT_OWNER_RECLAIMING || thread_alive(o)) continue;
             if (!lrt_agent_alive(&h->agents[i])) continue; /* dead process: recovery below */
             if (atomic_load(&h->agents[i].push_claim) || atomic_load(&h->agents[i].pop_claim)) continue;
-            agent_reset(h, i);
-            atomic_compare_exchange_strong(&h->agents[i].owner, &o, 0);
+            if (atomic_compare_exchange_strong(&h->agents[i].owner, &o, LRT_OWNER_RECLAIMING))
+                lrt_agent_release(h, i);
         }
-        lrt_ring_recover(r, NULL, 0);
+        /* push-only: a dead consumer's held descriptor is reported to the owner's recover() */
+        lrt_ring_recover(r, NULL, -1);
     }
     return LRT_EAGENTS;
 }

@@ -25,7 +25,9 @@ struct lrt_bump {
     char *data;
 };
 
-size_t lrt_bump_required_bytes(uint64_t capacity_bytes) { return BUMP_HDR_BYTES + capacity_bytes; }
+size_t lrt_bump_required_bytes(uint64_t capacity_bytes) {
+    return capacity_bytes > (1ull << 62) ? SIZE_MAX : BUMP_HDR_BYTES + capacity_bytes;
+}
 
 static int handle(void *region, lrt_bump **out) {
     lrt_bump *b = malloc(sizeof(*b));

@@ -35,6 +35,9 @@
 #define LRT_RING_MAGIC 0x4c525452494e4731ull /* "LRTRING1" */
 #define LRT_RING_VERSION 1u
 
+/* agents[i].owner while one recoverer resolves a dead agent: only the CAS winner touches it. */
+#define LRT_OWNER_RECLAIMING UINT64_MAX
+
 /* Set in a cell's sequence while lrt_ring_recover() rewrites it; consumers read it as "not ready". */
 #define LRT_SEQ_REPAIR (1ull << 63)
 
@@ -113,6 +116,9 @@ struct lrt_ring {
 /* agents.c */
 int lrt_agent_index(lrt_ring *r);               /* this thread's agent (registers on first use) */
 int lrt_agent_alive(const lrt_agent *a);        /* slow: reads /proc */
+int lrt_agent_thread_alive(const lrt_agent *a); /* slow: the owning thread itself still runs */
+/* Free agent i, which the caller owns in state LRT_OWNER_RECLAIMING (claims resolved). */
+void lrt_agent_release(lrt_ring_hdr *h, int i);
 void lrt_wake_one(lrt_ring *r, _Atomic uint64_t *mask, int pop_side);
 void lrt_wake_all(lrt_ring *r);
 int lrt_futex_wait(lrt_ring *r, _Atomic uint32_t *word, uint32_t expected, int64_t timeout_ns);
@@ -125,9 +131,10 @@ static inline void lrt_after_push(lrt_ring *r) {
     if (atomic_load_explicit(&r->hdr->pop_mask, memory_order_relaxed) != 0)
         lrt_wake_one(r, &r->hdr->pop_mask, 1);
 }
-static inline void lrt_after_pop(lrt_ring *r) {
+static inline void lrt_after_pop(lrt_ring *r, int n_freed) {
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&r->hdr->push_mask, memory_order_relaxed) != 0)
+    /* n cells freed: up to n producers can proceed */
+    for (int i = 0; i < n_freed && atomic_load_explicit(&r->hdr->push_mask, memory_order_relaxed) != 0; i++)
         lrt_wake_one(r, &r->hdr->push_mask, 0);
 }
 

@@ -78,7 +78,9 @@ int lrt_notifier_notify(lrt_notifier *n) {
     uint64_t one = 1;
     ssize_t w = write(n->fd, &one, sizeof one);
     /* EAGAIN means the counter is saturated: the loop is already readable. */
-    return (w == (ssize_t)sizeof one || errno == EAGAIN) ? 1 : LRT_ESYS;
+    if (w == (ssize_t)sizeof one || errno == EAGAIN) return 1;
+    atomic_store(&s->armed, 1); /* the wake-up did not happen: let the next notify try again */
+    return LRT_ESYS;
 }
 
 void lrt_notifier_arm(lrt_notifier *n) {

@@ -53,6 +53,7 @@ int lrt_ring_kind_from_name(const char *name) {
 }
 
 size_t lrt_ring_required_bytes(uint64_t capacity) {
+    if (capacity > (1ull << 32)) return SIZE_MAX; /* refused by create anyway; never overflow */
     return sizeof(lrt_ring_hdr) + (size_t)capacity * sizeof(lrt_cell);
 }
 
@@ -151,7 +152,7 @@ static int try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
     uint32_t closed = atomic_load_explicit(&r->hdr->closed, memory_order_acquire);
     int n = kind_try_pop_many(r, out, max_n);
     if (n > 0) {
-        lrt_after_pop(r);
+        lrt_after_pop(r, n);
         return n;
     }
     return (n == LRT_EMPTY && closed) ? LRT_CLOSED : n;
@@ -179,11 +180,13 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
         LRT_CPU_RELAX();
         rc = ATTEMPT();
         if (!RETRY(rc)) return rc;
+        if ((i & 63) == 63 && lrt_now_ns() >= deadline) return LRT_TIMEOUT;
     }
     for (int i = 0; i < h->yield_iters; i++) {
         sched_yield();
         rc = ATTEMPT();
         if (!RETRY(rc)) return rc;
+        if (lrt_now_ns() >= deadline) return LRT_TIMEOUT;
     }
 
     int ai = lrt_agent_index(r);
@@ -277,11 +280,9 @@ int lrt_ring_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
     lrt_ring_hdr *h = r->hdr;
     for (int i = 0; i < LRT_MAX_AGENTS; i++) {
         uint64_t o = atomic_load(&h->agents[i].owner);
-        if (o == 0 || lrt_agent_alive(&h->agents[i])) continue;
-        uint64_t bit = 1ull << i;
-        atomic_fetch_and(&h->pop_mask, ~bit);
-        atomic_fetch_and(&h->push_mask, ~bit);
-        atomic_compare_exchange_strong(&h->agents[i].owner, &o, 0);
+        if (o == 0 || o == LRT_OWNER_RECLAIMING || lrt_agent_alive(&h->agents[i])) continue;
+        if (atomic_compare_exchange_strong(&h->agents[i].owner, &o, LRT_OWNER_RECLAIMING))
+            lrt_agent_release(h, i);
     }
     return 0;
 }

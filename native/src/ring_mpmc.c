@@ -91,7 +91,7 @@ int lrt_mpmc_try_pop(lrt_ring *r, lrt_desc *out) {
         atomic_store_explicit(&c->seq, pos + r->mask + 1, memory_order_release);
         atomic_store_explicit(&a->pop_claim, 0, memory_order_release);
         if (!(out->flags & LRT_DESC_TOMBSTONE)) return LRT_OK;
-        lrt_after_pop(r); /* a repaired cell was consumed: a producer may be waiting for room */
+        lrt_after_pop(r, 1); /* a repaired cell was consumed: a producer may be waiting for room */
     }
 }
 
@@ -106,7 +106,8 @@ int lrt_mpmc_stalled(const lrt_ring *r, int pop_side) {
 static int claimed_by_live_agent(lrt_ring_hdr *h, int pop_side, uint64_t claim) {
     for (int i = 0; i < LRT_MAX_AGENTS; i++) {
         lrt_agent *a = &h->agents[i];
-        if (atomic_load(&a->owner) == 0) continue;
+        uint64_t o = atomic_load(&a->owner);
+        if (o == 0 || o == LRT_OWNER_RECLAIMING) continue;
         /* acquire: pairs with the release clearing the claim after publish */
         uint64_t c = atomic_load_explicit(pop_side ? &a->pop_claim : &a->push_claim, memory_order_acquire);
         if (c == claim && lrt_agent_alive(a)) return 1;
@@ -145,7 +146,7 @@ static int repair_pop(lrt_ring *r, uint64_t p, lrt_desc *lost, int max_lost, int
         (*n_lost)++;
     }
     atomic_fetch_add(&h->released, 1);
-    lrt_after_pop(r);
+    lrt_after_pop(r, 1);
     return 1;
 }
 
@@ -156,7 +157,9 @@ int lrt_mpmc_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
     for (int i = 0; i < LRT_MAX_AGENTS; i++) {
         lrt_agent *a = &h->agents[i];
         uint64_t o = atomic_load(&a->owner);
-        if (o == 0 || lrt_agent_alive(a)) continue;
+        if (o == 0 || o == LRT_OWNER_RECLAIMING || lrt_agent_alive(a)) continue;
+        /* take the entry, so that no other recoverer resolves it (or a new owner's state) twice */
+        if (!atomic_compare_exchange_strong(&a->owner, &o, LRT_OWNER_RECLAIMING)) continue;
         int done = 1;
         uint64_t pc = atomic_load(&a->push_claim);
         if (pc && repair_push(r, pc - 1)) atomic_store(&a->push_claim, 0);
@@ -165,11 +168,8 @@ int lrt_mpmc_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
         if (cc && push_only) done = 0;
         else if (cc && repair_pop(r, cc - 1, lost, max_lost, &n_lost)) atomic_store(&a->pop_claim, 0);
         else if (cc) done = 0;
-        if (!done) continue;
-        uint64_t bit = 1ull << i;
-        atomic_fetch_and(&h->pop_mask, ~bit);
-        atomic_fetch_and(&h->push_mask, ~bit);
-        atomic_compare_exchange_strong(&a->owner, &o, 0);
+        if (done) lrt_agent_release(h, i);
+        else atomic_store(&a->owner, o); /* a live winner still works on the cell: later */
     }
     return n_lost;
 }

@@ -11,6 +11,7 @@
  *      consistent and carries on.
  *   2. head and tail are atomics only so that len() may read them without the lock.
  */
+#define _GNU_SOURCE /* robust mutexes */
 #include <errno.h>
 
 #include "internal.h"
@@ -27,7 +28,10 @@ int lrt_mutex_init(lrt_ring_hdr *h) {
 
 static int lock(lrt_ring_hdr *h) {
     int rc = pthread_mutex_lock(&h->mtx);
-    if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(&h->mtx); /* invariant 1: state is whole */
+    if (rc == EOWNERDEAD) {
+        rc = pthread_mutex_consistent(&h->mtx); /* invariant 1: state is whole */
+        if (rc != 0) pthread_mutex_unlock(&h->mtx);
+    }
     return rc == 0 ? LRT_OK : LRT_ESYS;
 }
 
@@ -39,7 +43,8 @@ int lrt_mutex_try_push(lrt_ring *r, const lrt_desc *d) {
     int rc = LRT_FULL;
     if (tail - head < h->capacity) {
         r->cells[tail & r->mask].d = *d;
-        atomic_store_explicit(&h->tail, tail + 1, memory_order_relaxed);
+        /* release: the commit store is not reordered before the cell copy (invariant 1) */
+        atomic_store_explicit(&h->tail, tail + 1, memory_order_release);
         rc = LRT_OK;
     }
     pthread_mutex_unlock(&h->mtx);
@@ -54,7 +59,7 @@ int lrt_mutex_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
     uint64_t avail = tail - head;
     int n = avail < (uint64_t)max_n ? (int)avail : max_n;
     for (int i = 0; i < n; i++) out[i] = r->cells[(head + (uint64_t)i) & r->mask].d;
-    if (n > 0) atomic_store_explicit(&h->head, head + (uint64_t)n, memory_order_relaxed);
+    if (n > 0) atomic_store_explicit(&h->head, head + (uint64_t)n, memory_order_release);
     pthread_mutex_unlock(&h->mtx);
     return n > 0 ? n : LRT_EMPTY;
 }

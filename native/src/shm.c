@@ -69,22 +69,42 @@ uint64_t lrt_process_starttime(int32_t pid) {
     return v;
 }
 
+/* Threads listed under /proc/pid/task (the leader included), or -1 if unknown. */
+static int count_threads(int32_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Dead only when sure: "no such process" (ESRCH, ENOENT), a zombie with no thread left, or a pid
+ * now used by a process with another start time. Anything else (EMFILE, hidepid, a parse error)
+ * answers alive, since wrongly declaring a live process dead would let recovery corrupt a ring. */
 int lrt_process_alive(int32_t pid, uint64_t starttime) {
     if (pid <= 0) return 0;
     if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    if (fd < 0) return errno != ENOENT;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (n <= 0) return 0;
+    if (n <= 0) return 1;
     buf[n] = 0;
     char *p = strrchr(buf, ')');
-    if (!p || p[1] != ' ') return 0;
+    if (!p || p[1] != ' ') return 1;
     char state = p[2];
-    if (state == 'Z' || state == 'X' || state == 'x') return 0; /* exited, not yet reaped */
-    if (starttime != 0 && lrt_process_starttime(pid) != starttime) return 0; /* pid reused */
+    if ((state == 'Z' || state == 'X' || state == 'x') && count_threads(pid) <= 1)
+        return 0; /* exited, not yet reaped (a leader that called pthread_exit keeps threads) */
+    if (starttime != 0) {
+        uint64_t now = lrt_process_starttime(pid);
+        if (now != 0 && now != starttime) return 0; /* pid reused */
+    }
     return 1;
 }
 

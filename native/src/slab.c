@@ -48,7 +48,11 @@ static uint64_t slots_offset(uint64_t n) {
 }
 
 size_t lrt_slab_required_bytes(uint64_t slot_bytes, uint64_t n_slots) {
-    return (size_t)(slots_offset(n_slots) + round_up(slot_bytes, LRT_CACHELINE) * n_slots);
+    /* sizes that would overflow are refused: SIZE_MAX never fits a region */
+    if (slot_bytes == 0 || n_slots == 0 || slot_bytes > (1ull << 40) || n_slots >= NIL) return SIZE_MAX;
+    uint64_t slots = round_up(slot_bytes, LRT_CACHELINE);
+    if (slots > (UINT64_MAX / 2) / n_slots) return SIZE_MAX;
+    return (size_t)(slots_offset(n_slots) + slots * n_slots);
 }
 
 static int handle(void *region, lrt_slab **out) {

@@ -176,6 +176,47 @@ static void test_close_wakes_sleeper(void) {
     drop_ring(r, region);
 }
 
+typedef struct pusher_arg {
+    lrt_ring *r;
+    uint64_t id;
+    int rc;
+} pusher_arg;
+
+static void *pusher(void *p) {
+    pusher_arg *a = p;
+    lrt_desc d = desc(a->id);
+    a->rc = lrt_ring_push(a->r, &d, 20ll * 1000 * 1000 * 1000);
+    return NULL;
+}
+
+static void test_pop_many_wakes_every_producer_it_made_room_for(void) {
+    if (g_kind == LRT_RING_SPSC) return; /* one producer only */
+    void *region;
+    lrt_ring *r = make_ring(2, &region);
+    lrt_desc a = desc(1), b = desc(2), out[2];
+    CHECK_EQ(lrt_ring_try_push(r, &a), LRT_OK);
+    CHECK_EQ(lrt_ring_try_push(r, &b), LRT_OK);
+    pusher_arg pa[2] = {{r, 10, 99}, {r, 11, 99}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, pusher, &pa[i]);
+    for (int i = 0; i < 20000; i++) { /* both producers asleep */
+        lrt_ring_stats s;
+        lrt_ring_get_stats(r, &s);
+        if (s.futex_waits >= 2) break;
+        usleep(1000);
+    }
+    CHECK_EQ(lrt_ring_pop_many(r, out, 2, -1), 2);
+    /* two cells freed: the pop_many itself woke both sleepers (without the fix, the second one
+     * slept until its 20 s timeout, then found room: the return codes alone cannot tell) */
+    lrt_ring_stats s;
+    lrt_ring_get_stats(r, &s);
+    CHECK(s.futex_wakes >= 2);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    CHECK_EQ(pa[0].rc, LRT_OK);
+    CHECK_EQ(pa[1].rc, LRT_OK);
+    drop_ring(r, region);
+}
+
 static void test_no_syscall_when_not_empty_or_full(void) {
     void *region;
     lrt_ring *r = make_ring(64, &region);
@@ -353,6 +394,7 @@ int main(void) {
         RUN(test_wakes_sleeping_consumer);
         RUN(test_close_wakes_sleeper);
         RUN(test_no_syscall_when_not_empty_or_full);
+        RUN(test_pop_many_wakes_every_producer_it_made_room_for);
         RUN(test_threads_nothing_lost_fifo_per_producer);
         RUN(test_processes_producer_killed);
     }

@@ -153,10 +153,27 @@ static void test_dead_agents_are_freed(void) {
     munmap(region, lrt_ring_required_bytes(CAP));
 }
 
+static void test_push_only_recovery_leaves_lost_descriptor_to_owner(void) {
+    void *region;
+    lrt_ring *r = make(&region);
+    lrt_desc x = desc(66), lost[2];
+    CHECK_EQ(lrt_ring_try_push(r, &x), LRT_OK);
+    child_dies_in_window(region, 1);
+    CHECK_EQ(lrt_ring_recover(r, NULL, -1), 0); /* internal (push-only) recovery: keeps it */
+    lrt_ring_stats s;
+    lrt_ring_get_stats(r, &s);
+    CHECK_EQ(s.released, 0);
+    CHECK_EQ(lrt_ring_recover(r, lost, 2), 1); /* the owner gets the descriptor to fail it */
+    CHECK_EQ(lost[0].request_id, 66);
+    lrt_ring_free(r);
+    munmap(region, lrt_ring_required_bytes(CAP));
+}
+
 int main(void) {
     RUN(test_dead_producer_claim_becomes_tombstone);
     RUN(test_dead_consumer_claim_is_reported_lost);
     RUN(test_live_claim_is_not_repaired);
     RUN(test_dead_agents_are_freed);
+    RUN(test_push_only_recovery_leaves_lost_descriptor_to_owner);
     return 0;
 }

@@ -369,8 +369,7 @@ static PyObject *ring_create(PyObject *cls, PyObject *args, PyObject *kw) {
                                      &spin, &yield))
         return NULL;
     int k = lrt_ring_kind_from_name(kind);
-    if (k < 0) return PyErr_Format(PyExc_ValueError, "kind %R: expected one of mpmc, spsc, naive, batched",
-                                   PyTuple_GET_ITEM(args, 1));
+    if (k < 0) return PyErr_Format(PyExc_ValueError, "kind '%s': expected one of mpmc, spsc, naive, batched", kind);
     if (capacity < 2 || (capacity & (capacity - 1)) || capacity > (1ull << 32))
         return PyErr_Format(PyExc_ValueError, "capacity %llu: must be a power of two in [2, 2**32]", capacity);
     Py_buffer view;

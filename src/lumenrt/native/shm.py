@@ -7,6 +7,7 @@ removed by :func:`clean_stale`, which the server runs at start.
 """
 
 import atexit
+import contextlib
 import itertools
 import os
 import weakref
@@ -51,10 +52,9 @@ def _unlink_owned_at_exit() -> None:
     for region in list(_owned):
         if region.closed:
             continue
-        try:
+        # views still alive at exit: the mapping goes with the process; unlinked below
+        with contextlib.suppress(BufferError):
             region.close()
-        except BufferError:
-            pass  # views still alive at exit: the mapping goes with the process, unlink below
     for name, owner in _owned_names.items():
         if owner == pid:
             unlink_shm(name)

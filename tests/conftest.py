@@ -1,0 +1,32 @@
+"""Shared fixtures: every ring test body runs against every ring kind; teardown checks that no
+shared-memory segment and no child process is left behind."""
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from lumenrt.native import RING_KINDS, SHM_PREFIX, leftover_segments
+
+
+def stress_scale() -> float:
+    """LUMENRT_STRESS_SCALE multiplies the item counts of the stress tests (default 1)."""
+    return float(os.environ.get("LUMENRT_STRESS_SCALE", "1"))
+
+
+@pytest.fixture(params=RING_KINDS)
+def ring_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    before = set(leftover_segments(SHM_PREFIX))
+    yield
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
+        pytest.fail(f"test left a child process running: {child}")
+    left = set(leftover_segments(SHM_PREFIX)) - before
+    assert not left, f"shared memory left in /dev/shm: {sorted(left)}"

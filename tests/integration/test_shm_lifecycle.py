@@ -1,0 +1,108 @@
+"""Named shared memory: one owner unlinks; attachers and dead processes leave nothing behind;
+stale segments of crashed owners are found and removed."""
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+
+from lumenrt.native import (
+    SHM_PREFIX,
+    Region,
+    Ring,
+    clean_stale,
+    create_shared,
+    leftover_segments,
+    ring_required_bytes,
+)
+
+SPAWN = multiprocessing.get_context("spawn")
+FORK = multiprocessing.get_context("fork")
+
+
+def attach_and_push(name: str, value: int) -> None:
+    region = Region.attach_shm(name)
+    assert not region.owner
+    ring = Ring.attach(region)
+    ring.push(value)
+
+
+def attach_and_die(name: str) -> None:
+    region = Region.attach_shm(name)
+    Ring.attach(region).push(7)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_spawned_process_attaches_by_name_and_owner_unlinks() -> None:
+    region = create_shared(ring_required_bytes(16), tag="t1")
+    assert region.owner and region.name is not None and region.name.startswith(SHM_PREFIX)
+    ring = Ring.create(region, "mpmc", 16)
+    child = SPAWN.Process(target=attach_and_push, args=(region.name, 99))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    item = ring.pop(timeout_s=10)
+    assert item is not None and item.request_id == 99
+    name = region.name
+    assert name in leftover_segments()
+    del ring
+    region.close()
+    assert name not in leftover_segments()
+    with pytest.raises(FileNotFoundError):
+        Region.attach_shm(name)
+
+
+def test_killed_attacher_leaves_nothing_after_owner_closes() -> None:
+    region = create_shared(ring_required_bytes(16), tag="t2")
+    ring = Ring.create(region, "mpmc", 16)
+    child = FORK.Process(target=attach_and_die, args=(region.name,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    item = ring.pop(timeout_s=10)
+    assert item is not None and item.request_id == 7
+    name = region.name
+    del ring
+    region.close()
+    assert name not in leftover_segments()
+
+
+def create_and_crash(conn: "multiprocessing.connection.Connection") -> None:
+    region = create_shared(4096, tag="crash")
+    conn.send(region.name)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_stale_segment_of_crashed_owner_is_cleaned_at_next_start() -> None:
+    live = create_shared(4096, tag="live")
+    parent_end, child_end = FORK.Pipe()
+    child = FORK.Process(target=create_and_crash, args=(child_end,))
+    child.start()
+    stale_name = parent_end.recv()
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    assert stale_name in leftover_segments()
+    removed = clean_stale()
+    assert stale_name in removed
+    assert stale_name not in leftover_segments()
+    assert live.name in leftover_segments()  # a live owner's segment stays
+    live.close()
+
+
+def test_forked_child_exit_does_not_unlink_the_parents_segment() -> None:
+    region = create_shared(4096, tag="fork")
+    child = FORK.Process(target=lambda: None)
+    child.start()
+    child.join(30)
+    assert region.name in leftover_segments()
+    region.close()
+
+
+def test_bad_names_and_sizes_are_refused() -> None:
+    with pytest.raises(ValueError, match="tag"):
+        create_shared(4096, tag="a/b")
+    with pytest.raises(ValueError, match="size"):
+        Region.create_shm("lumenrt.test.zero", 0)
+    with pytest.raises(ValueError, match="shm name"):
+        Region.attach_shm("has space")
