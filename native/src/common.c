@@ -20,6 +20,7 @@ const char *lrt_strerror(int rc) {
     case LRT_ESYS: return "system call failed";
     case LRT_EEXIST: return "shared memory segment already exists";
     case LRT_ENOENT: return "shared memory segment does not exist";
+    case LRT_EINTR: return "interrupted by a signal";
     }
     return "unknown status";
 }

@@ -108,6 +108,7 @@ struct lrt_ring {
     uint64_t mask;
     uint32_t kind;
     int futex_private;
+    int interruptible;
     /* SPSC: each end caches the other end's position to avoid touching its line. */
     LRT_ALIGNED uint64_t prod_cached_head;
     LRT_ALIGNED uint64_t cons_cached_tail;

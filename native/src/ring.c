@@ -22,12 +22,14 @@
 
 #include "internal.h"
 
-/* Spin defaults. Lock-free kinds: 256 pauses (~10-35 us depending on the CPU's pause latency) then
- * 4 yields before sleeping — guessed to cover a back-to-back burst without burning a core of this
- * 2-core machine when idle; tune per ring. Mutex kinds block at once, as a mutex + condition
- * variable queue does. */
-#define LRT_DEFAULT_SPIN 256
-#define LRT_DEFAULT_YIELD 4
+/* Spin defaults: none. Measured on the 2-core VM this was developed on (one-way handoff to a
+ * sleeping consumer process, 200 us apart, p50): no spin 3.3 us; 256 pauses 9.5 us; 4 sched_yield
+ * 9.6 us — a consumer that burns CPU before sleeping gets woken on its own idle vCPU (a slow IPI)
+ * instead of next to its producer. 2-producer/2-consumer throughput was also higher without spin
+ * (4.1M vs 2.3M items/s), spinners stealing the producers' cores. On machines with spare cores a
+ * short spin can pay off: measure with `lumenrt bench queues --spin-iters N`. */
+#define LRT_DEFAULT_SPIN 0
+#define LRT_DEFAULT_YIELD 0
 
 static uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -85,8 +87,8 @@ int lrt_ring_create(void *region, size_t region_bytes, const lrt_ring_config *cf
     h->capacity = cap;
     h->flags = cfg->flags;
     h->uid = splitmix64(lrt_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)region);
-    h->spin_iters = cfg->spin_iters >= 0 ? cfg->spin_iters : (mutex_kind ? 0 : LRT_DEFAULT_SPIN);
-    h->yield_iters = cfg->yield_iters >= 0 ? cfg->yield_iters : (mutex_kind ? 0 : LRT_DEFAULT_YIELD);
+    h->spin_iters = cfg->spin_iters >= 0 ? cfg->spin_iters : LRT_DEFAULT_SPIN;
+    h->yield_iters = cfg->yield_iters >= 0 ? cfg->yield_iters : LRT_DEFAULT_YIELD;
     atomic_init(&h->spsc_producer, -1);
     atomic_init(&h->spsc_consumer, -1);
     lrt_cell *cells = (lrt_cell *)((char *)region + sizeof(lrt_ring_hdr));
@@ -212,8 +214,10 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
         int64_t slice = deadline == UINT64_MAX ? -1 : (int64_t)(deadline - now);
         int stalled = r->kind == LRT_RING_MPMC && lrt_mpmc_stalled(r, pop_side);
         if (stalled && (slice < 0 || slice > STALL_SLICE_NS)) slice = STALL_SLICE_NS;
-        lrt_futex_wait(r, word, w, slice);
+        int woke = lrt_futex_wait(r, word, w, slice);
+        int interrupted = woke != 0 && errno == EINTR;
         atomic_fetch_and(mask, ~bit);
+        if (interrupted && r->interruptible) return LRT_EINTR;
         /* A producer that died between claiming and publishing stalls every pop behind it;
          * repair it (slow path). Dead consumers are left to the owner's lrt_ring_recover(), which
          * reports the descriptors they held. */
@@ -243,6 +247,8 @@ void lrt_ring_close(lrt_ring *r) {
     atomic_store(&r->hdr->closed, 1);
     lrt_wake_all(r);
 }
+
+void lrt_ring_set_interruptible(lrt_ring *r, int on) { r->interruptible = on != 0; }
 
 int lrt_ring_is_closed(const lrt_ring *r) { return (int)atomic_load(&r->hdr->closed); }
 

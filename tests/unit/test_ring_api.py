@@ -236,3 +236,47 @@ def test_spsc_refuses_a_second_live_producer() -> None:
     t.start()
     t.join(10)
     assert len(errors) == 1 and "spsc" in str(errors[0])
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_signal_interrupts_a_blocked_pop_and_runs_the_python_handler(ring_kind: str) -> None:
+    """Untimed waits stay interruptible: Ctrl-C (here SIGALRM) reaches Python while pop() sleeps."""
+    import signal
+
+    ring = make_ring(ring_kind, 4)
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(_Interrupted):
+            ring.pop()  # no timeout: only the signal can end this
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert ring.stats()["futex_waits"] >= 1
+    ring.push(1)  # the ring is still fine
+    item = ring.pop(timeout_s=1)
+    assert item is not None and item.request_id == 1
+
+
+def test_signal_during_timed_pop_keeps_waiting_until_deadline() -> None:
+    import signal
+
+    ring = make_ring("mpmc", 4)
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda s, f: calls.append(s))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
+        t0 = time.monotonic()
+        assert ring.pop(timeout_s=0.2) is None  # the handler ran, the wait went on to its deadline
+        assert time.monotonic() - t0 >= 0.2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert calls == [signal.SIGALRM]

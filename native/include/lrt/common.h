@@ -32,6 +32,7 @@ enum {
     LRT_ESYS = -11,      /* a system call failed; errno holds the cause */
     LRT_EEXIST = -12,    /* shared-memory segment already exists */
     LRT_ENOENT = -13,    /* shared-memory segment does not exist */
+    LRT_EINTR = -14,     /* an interruptible wait was interrupted by a signal (lrt_ring_set_interruptible) */
 };
 
 /* Human-readable text for a status code (static storage, never NULL). */

@@ -14,7 +14,9 @@
  * made on the path where the ring is neither empty nor full: a producer enters the kernel only when a
  * consumer is really asleep (and vice versa), as counted by lrt_ring_stats.futex_wakes.
  *
- * Timeouts are in nanoseconds: timeout_ns < 0 waits forever, 0 behaves like the try_ call.
+ * Timeouts are in nanoseconds: timeout_ns < 0 waits forever, 0 behaves like the try_ call. An
+ * untimed sleep is cheaper than a timed one: on the 2-core VM this was developed on, a timed futex
+ * wait added ~3.5 us to the wake-up (p50 7.2 us vs 3.7 us, C producer and consumer processes).
  */
 #ifndef LRT_RING_H
 #define LRT_RING_H
@@ -81,6 +83,11 @@ int lrt_ring_pop(lrt_ring *r, lrt_desc *out, int64_t timeout_ns);
 /* Wait (up to timeout_ns) for at least one element, then take every element available up to
  * max_n without waiting further. Returns the count (> 0) or a negative status. */
 int lrt_ring_pop_many(lrt_ring *r, lrt_desc *out, int max_n, int64_t timeout_ns);
+
+/* Interruptible handles return LRT_EINTR from a blocking call whose sleep a signal interrupted
+ * (so that a language runtime can run its signal handlers, then call again); by default the wait
+ * simply goes on. Per handle, not shared. */
+void lrt_ring_set_interruptible(lrt_ring *r, int on);
 
 /* Refuse further pushes and wake every waiter. Elements already in the ring can still be popped;
  * once it is drained, pops return LRT_CLOSED. Idempotent. */

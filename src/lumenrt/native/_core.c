@@ -6,8 +6,10 @@
  * BufferError then, as mmap does). The lrt_* handles are freed in tp_dealloc.
  *
  * Hot calls (try_push, try_pop, push/pop that need not wait) never release the GIL and allocate
- * only the result object. Calls that must wait release the GIL and sleep in slices of
- * SIGNAL_SLICE_NS so that Ctrl-C (PyErr_CheckSignals) is honoured.
+ * only the result object. Calls that must wait release the GIL and sleep on the futex with exactly
+ * the caller's timeout (untimed sleeps are cheaper, see ring.h); the handles are interruptible, so a
+ * signal ends the sleep with LRT_EINTR, the binding runs Python's handlers (Ctrl-C raises
+ * KeyboardInterrupt) and goes back to waiting until the deadline.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,7 +18,6 @@
 
 #include "lrt/lrt.h"
 
-#define SIGNAL_SLICE_NS 50000000LL /* 50 ms: Ctrl-C latency of a blocked pop/push (guessed) */
 
 static PyObject *LrtError, *RingClosed, *PoolExhausted;
 
@@ -353,8 +354,13 @@ static PyObject *ring_wrap(lrt_ring *r, Py_buffer *view) {
         return NULL;
     }
     o->r = r;
+    lrt_ring_set_interruptible(r, 1);
     o->view = *view;
     o->kind_name = PyUnicode_FromString(lrt_ring_kind_name(lrt_ring_get_kind(r)));
+    if (!o->kind_name) {
+        Py_DECREF(o);
+        return NULL;
+    }
     return (PyObject *)o;
 }
 
@@ -438,23 +444,24 @@ static PyObject *ring_try_push(RingObject *self, PyObject *const *args, Py_ssize
     return raise_rc(rc, "try_push");
 }
 
-/* Wait with the GIL released, in slices, checking signals in between. Returns an lrt status. */
+/* Wait with the GIL released; after a signal, run Python's handlers and wait for the rest of the
+ * time. Returns an lrt status, or `error_rc` with a Python exception set. */
 typedef int (*wait_fn)(RingObject *, void *, int64_t);
 
-static int wait_released(RingObject *self, wait_fn fn, void *arg, int64_t timeout_ns, int retry_rc) {
-    int64_t deadline = timeout_ns < 0 ? -1 : (int64_t)lrt_now_ns() + timeout_ns;
+static int wait_released(RingObject *self, wait_fn fn, void *arg, int64_t timeout_ns, int error_rc) {
+    uint64_t deadline = timeout_ns < 0 ? UINT64_MAX : lrt_now_ns() + (uint64_t)timeout_ns;
     for (;;) {
-        int64_t slice = SIGNAL_SLICE_NS;
-        if (deadline >= 0) {
-            int64_t left = deadline - (int64_t)lrt_now_ns();
-            if (left <= 0) return LRT_TIMEOUT;
-            if (left < slice) slice = left;
+        int64_t left = -1;
+        if (deadline != UINT64_MAX) {
+            uint64_t now = lrt_now_ns();
+            if (now >= deadline) return LRT_TIMEOUT;
+            left = (int64_t)(deadline - now);
         }
         int rc;
-        Py_BEGIN_ALLOW_THREADS rc = fn(self, arg, slice);
+        Py_BEGIN_ALLOW_THREADS rc = fn(self, arg, left);
         Py_END_ALLOW_THREADS
-        if (rc != LRT_TIMEOUT) return rc;
-        if (PyErr_CheckSignals() < 0) return retry_rc; /* exception set */
+        if (rc != LRT_EINTR) return rc;
+        if (PyErr_CheckSignals() < 0) return error_rc; /* e.g. KeyboardInterrupt */
     }
 }
 

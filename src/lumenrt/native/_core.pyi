@@ -1,5 +1,6 @@
-from typing_extensions import Buffer
 from typing import final
+
+from typing_extensions import Buffer
 
 CACHELINE: int
 MAX_AGENTS: int
