@@ -79,7 +79,7 @@ def check(results: np.ndarray, shape: Shape, per_producer: int) -> None:
 
 def test_threads_nothing_lost_fifo_per_producer(ring_kind: str) -> None:
     shape = shape_for(ring_kind)
-    per = int(100_000 * stress_scale())
+    per = int(1_000_000 * stress_scale()) // shape.producers  # a million items in all
     ring = make_ring(ring_kind, 256)
     results = np.zeros((shape.consumers, 3), dtype=np.int64)
     consumers = [
