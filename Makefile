@@ -18,7 +18,7 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(BUILD_DEPS)
-	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch]'
 
 serve demo: install
 	$(BIN)/lumenrt demo

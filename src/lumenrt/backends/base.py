@@ -1,0 +1,77 @@
+"""The one small interface every backend implements, and the registry that picks one by name.
+
+A backend loads one model version into a session owned by exactly one worker (one model instance
+per worker). ``run`` receives batch-first numpy arrays keyed by input name and returns arrays keyed
+by output name; backends whose library releases the GIL during compute (ONNX Runtime, XGBoost,
+PyTorch) let thread-mode workers run in parallel.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
+
+Array = npt.NDArray[np.generic]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one model instance runs: the cores its worker is pinned to and the compute threads
+    its session may use (their sum over all workers never exceeds the cores given)."""
+
+    cores: tuple[int, ...]
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+
+
+class BackendSession(Protocol):
+    def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]: ...
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+    model_files: tuple[str, ...]  # file names accepted in a version folder, e.g. ("model.onnx",)
+
+    def describe(
+        self, model_path: Path, config: ModelConfig
+    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """Inputs and outputs read from the model file, for what the config does not say.
+        Raise ConfigError if the file cannot say (the config must then list them)."""
+        ...
+
+    def load(self, model_path: Path, config: ModelConfig, placement: Placement) -> BackendSession: ...
+
+
+REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    REGISTRY[backend.name] = backend
+    return backend
+
+
+def get_backend(name: str, source: str = "<config>") -> Backend:
+    _load_builtin_backends()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(REGISTRY)) or "none"
+        raise ConfigError(source, "backend", f"unknown backend {name!r} (known: {known})") from None
+
+
+def _load_builtin_backends() -> None:
+    """Import the bundled backends once (each registers itself); a missing optional library only
+    removes its backend."""
+    import importlib
+
+    for module in ("onnxruntime_backend", "xgboost_backend", "pytorch_backend", "python_backend"):
+        try:
+            importlib.import_module(f"lumenrt.backends.{module}")
+        except ImportError:
+            continue

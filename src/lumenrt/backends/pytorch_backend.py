@@ -1,0 +1,159 @@
+"""PyTorch backend: a TorchScript (``model.pt``) or ``torch.export`` (``model.pt2``) file on CPU.
+
+The model is called with its inputs as positional tensors, in the order the config lists them,
+under ``torch.inference_mode()``. Inputs are shared with numpy, not copied (``torch.from_numpy``,
+or DLPack for a read-only array such as a view of a shared-memory slot): a model must not write
+to its inputs. A model may return one tensor, a tuple/list of tensors (matched to the config's
+outputs by position) or a dict of tensors (by name).
+
+Neither file format tells its inputs and outputs reliably (TorchScript keeps no shapes or dtypes),
+so the config must list them. torch 2.13 deprecates TorchScript: prefer ``model.pt2``.
+
+Threads: ``torch.set_num_threads`` is process-wide, not per model instance. In process mode each
+worker sets its own; in thread mode the workers share torch's intra-op pool and the last load
+sets its size (all workers are given the same count, so it is the same value).
+"""
+
+import contextlib
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.dlpack import from_dlpack
+
+from lumenrt.backends.base import Array, Placement, register
+from lumenrt.engine import dtypes
+from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
+
+_MUST_LIST = (
+    "TorchScript and torch.export files do not tell their inputs and outputs reliably: "
+    "list them (name, datatype, dims) in the config"
+)
+
+
+@dataclass(slots=True)
+class PyTorchSession:
+    """One model instance. Owns ``module``."""
+
+    module: torch.nn.Module | torch.jit.ScriptModule | None
+    inputs: tuple[tuple[str, np.dtype[Any]], ...]  # in the order the model takes them
+    output_names: tuple[str, ...]
+
+    def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        module = self.module
+        if module is None:
+            raise RuntimeError("pytorch session used after close()")
+        try:
+            arrays = [np.ascontiguousarray(inputs[name], dtype=dtype) for name, dtype in self.inputs]
+        except KeyError as exc:
+            raise ValueError(f"missing input {exc.args[0]!r}") from None
+        tensors = [_as_tensor(array) for array in arrays]
+        with torch.inference_mode():
+            result = module(*tensors)
+        return self._outputs(result)
+
+    def close(self) -> None:
+        self.module = None
+
+    def _outputs(self, result: Any) -> dict[str, Array]:
+        names = self.output_names
+        if isinstance(result, torch.Tensor):
+            values: Sequence[Any] = (result,)
+        elif isinstance(result, tuple | list):
+            values = result
+        elif isinstance(result, Mapping):
+            missing = [name for name in names if name not in result]
+            if missing:
+                raise RuntimeError(
+                    f"the model returned no {missing} (it returned {sorted(map(str, result))})"
+                )
+            values = [result[name] for name in names]
+        else:
+            raise RuntimeError(f"the model returned {type(result).__name__}, not a tensor, tuple or dict")
+        if len(values) != len(names):
+            raise RuntimeError(f"the model returned {len(values)} outputs, the config lists {len(names)}")
+        outputs: dict[str, Array] = {}
+        for name, value in zip(names, values, strict=True):
+            if not isinstance(value, torch.Tensor):
+                raise RuntimeError(f"output {name!r} is a {type(value).__name__}, not a tensor")
+            outputs[name] = value.detach().numpy()
+        return outputs
+
+
+def _as_tensor(array: Array) -> torch.Tensor:
+    """A tensor over the array's memory (no copy). torch.from_numpy warns on a read-only array
+    (and the warning is an error under pytest); DLPack shares it without the warning."""
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    return from_dlpack(array)
+
+
+class PyTorchBackend:
+    name = "pytorch"
+    model_files: tuple[str, ...] = ("model.pt", "model.pt2")
+
+    def describe(
+        self, model_path: Path, config: ModelConfig
+    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        raise ConfigError(config.source or model_path, "inputs", _MUST_LIST)
+
+    def load(self, model_path: Path, config: ModelConfig, placement: Placement) -> PyTorchSession:
+        source = config.source or str(model_path)
+        if not config.inputs or not config.outputs:
+            raise ConfigError(source, "inputs" if not config.inputs else "outputs", _MUST_LIST)
+        options = config.parameters.get("pytorch")
+        if options:
+            raise ConfigError(
+                source, f"parameters.pytorch.{next(iter(options))}", "unknown option (none exist)"
+            )
+        inputs = tuple(
+            (spec.name, _input_dtype(spec, index, source)) for index, spec in enumerate(config.inputs)
+        )
+        _set_threads(placement)
+        module: torch.nn.Module | torch.jit.ScriptModule
+        if model_path.suffix == ".pt2":
+            module = torch.export.load(str(model_path)).module()
+        else:
+            module = _load_torchscript(model_path)
+            module.eval()
+        return PyTorchSession(
+            module=module, inputs=inputs, output_names=tuple(spec.name for spec in config.outputs)
+        )
+
+
+def _load_torchscript(model_path: Path) -> torch.jit.ScriptModule:
+    # torch 2.13 deprecates TorchScript and warns on every load; serving one is this backend's job,
+    # so the warning is silenced here (load time only: catch_warnings is not thread-safe).
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`torch.jit.load` is deprecated", category=DeprecationWarning
+        )
+        # torch.jit.load has no annotations in torch 2.13
+        module: torch.jit.ScriptModule = torch.jit.load(str(model_path), map_location="cpu")  # type: ignore[no-untyped-call]
+    return module
+
+
+def _input_dtype(spec: TensorSpec, index: int, source: str) -> np.dtype[Any]:
+    try:
+        dtype = dtypes.to_numpy(spec.datatype)
+    except ValueError as exc:
+        raise ConfigError(source, f"inputs[{index}].datatype", str(exc)) from None
+    if dtype.kind == "O":
+        raise ConfigError(
+            source, f"inputs[{index}].datatype", "BYTES tensors cannot be given to a torch model"
+        )
+    return dtype
+
+
+def _set_threads(placement: Placement) -> None:
+    torch.set_num_threads(placement.intra_op_threads)  # process-wide: see the module docstring
+    # torch allows this once, before any inter-op work; later loads keep the first setting
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(placement.inter_op_threads)
+
+
+register(PyTorchBackend())

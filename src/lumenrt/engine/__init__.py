@@ -1,0 +1,1 @@
+"""The engine: model repository, backends, worker pool, dynamic batching (see DESIGN.md)."""

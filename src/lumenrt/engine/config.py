@@ -1,0 +1,436 @@
+"""Model configuration: the typed form of ``<repo>/<model>/config.yaml`` (or ``.json``).
+
+Field names follow Triton's model configuration where one exists (``max_batch_size``,
+``dynamic_batching.preferred_batch_size``, ``max_queue_delay_us`` ...) so that a Triton user reads
+them at sight. Datatypes are KServe V2 names (FP32, INT64, BYTES ...). ``dims`` exclude the batch
+dimension when ``max_batch_size > 0``; -1 marks a variable dimension.
+
+``load_model_config`` reads and checks one file. Unknown keys are refused (a typo must not pass
+silently), and every error names the file and the dotted field path, e.g.
+``input[1].dims[0]``. The checked readers at the bottom are shared with ``server_config``.
+"""
+
+import difflib
+import json
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped, unused-ignore]
+
+from lumenrt.engine import dtypes
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used. The message names the file and the field:
+    ``models/digits/config.yaml: dynamic_batching.max_queue_delay_us: must be >= 0, got -5``."""
+
+    def __init__(self, source: Path | str, field_path: str, problem: str) -> None:
+        self.source = str(source)
+        self.field = field_path
+        self.problem = problem
+        super().__init__(f"{source}: {field_path}: {problem}" if field_path else f"{source}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str  # KServe V2 name: BOOL, UINT8..UINT64, INT8..INT64, FP16, FP32, FP64, BYTES
+    dims: tuple[int, ...]  # without the batch dimension when max_batch_size > 0; -1 = variable
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicBatching:
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 1024  # requests waiting for this model; beyond it: rejected at once
+    default_timeout_us: int = 0  # 0 = no deadline unless the request sets one
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    count: int = 0  # model instances (one per worker); 0 = one per core given to the model
+    cores: tuple[int, ...] = ()  # cores to pin instances to; () = the server's cores
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    backend: str  # a key of lumenrt.backends.REGISTRY: onnxruntime, xgboost, pytorch, python
+    max_batch_size: int = 0  # 0 = the model takes no batch dimension
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    dynamic_batching: DynamicBatching | None = None  # None = every request runs alone
+    instance_group: InstanceGroup = field(default_factory=InstanceGroup)
+    parameters: Mapping[str, Any] = field(default_factory=dict)  # backend options
+    warmup: int = 0  # inference runs on zeros at load, per instance
+    version_policy: str = "latest"  # "latest" | "all" | "specific"
+    versions: tuple[int, ...] = ()  # with version_policy "specific"
+    source: str = ""  # the config file this came from (for error messages)
+
+
+# --- loading a model config ------------------------------------------------------------------------
+
+_MODEL_KEYS = (
+    "name",
+    "backend",
+    "max_batch_size",
+    "input",
+    "inputs",
+    "output",
+    "outputs",
+    "dynamic_batching",
+    "instance_group",
+    "parameters",
+    "warmup",
+    "version_policy",
+)
+_TENSOR_KEYS = ("name", "datatype", "data_type", "dims")  # data_type: Triton's spelling
+_BATCHING_KEYS = ("preferred_batch_size", "max_queue_delay_us", "max_queue_size", "default_timeout_us")
+_INSTANCE_KEYS = ("count", "cores", "kind")
+_INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU")  # Triton's; lumenrt places instances on CPU cores
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")  # safe in a URL path and as a folder name
+
+
+def load_model_config(path: Path, *, default_name: str) -> ModelConfig:
+    """Read and check a model config file (.yaml, .yml or .json). ``default_name`` is the model
+    folder's name: the model's name, which a ``name`` key may repeat but not change."""
+    return model_config_from_dict(read_config_file(path), str(path), default_name)
+
+
+def model_config_from_dict(raw: Mapping[str, Any], source: str, default_name: str) -> ModelConfig:
+    """Check an already parsed config; ``source`` names it in errors (usually the file path)."""
+    raw = check_keys(raw, _MODEL_KEYS, source, "")
+    name = default_name
+    if "name" in raw:
+        name = read_str(raw["name"], source, "name")
+        if name != default_name:
+            raise ConfigError(
+                source,
+                "name",
+                f"{name!r} differs from the model folder name {default_name!r} (they must match)",
+            )
+    if not _MODEL_NAME.fullmatch(name):
+        raise ConfigError(
+            source,
+            "name",
+            f"model name {name!r} must be letters, digits, '_', '.' or '-', not starting with '_', '.' or '-'",
+        )
+    if "backend" not in raw:
+        raise ConfigError(source, "backend", "required: the backend that runs the model (e.g. onnxruntime)")
+    backend = read_str(raw["backend"], source, "backend")
+    from lumenrt.backends.base import get_backend  # here: the backends import this module
+
+    get_backend(backend, source)
+    max_batch_size = read_int(raw.get("max_batch_size", 0), source, "max_batch_size", minimum=0)
+    batching = None
+    if "dynamic_batching" in raw:
+        if max_batch_size == 0:
+            raise ConfigError(
+                source,
+                "dynamic_batching",
+                "needs max_batch_size > 0 (a model without a batch dimension is not batched)",
+            )
+        batching = _dynamic_batching(raw["dynamic_batching"], source, max_batch_size)
+    policy, versions = _version_policy(raw.get("version_policy", "latest"), source)
+    return ModelConfig(
+        name=name,
+        backend=backend,
+        max_batch_size=max_batch_size,
+        inputs=_tensors(raw, ("input", "inputs"), source),
+        outputs=_tensors(raw, ("output", "outputs"), source),
+        dynamic_batching=batching,
+        instance_group=_instance_group(raw.get("instance_group", {}), source),
+        parameters=dict(check_keys(raw.get("parameters", {}), None, source, "parameters")),
+        warmup=read_int(raw.get("warmup", 0), source, "warmup", minimum=0),
+        version_policy=policy,
+        versions=versions,
+        source=source,
+    )
+
+
+def _tensors(raw: Mapping[str, Any], keys: tuple[str, str], source: str) -> tuple[TensorSpec, ...]:
+    given = [k for k in keys if k in raw]
+    if len(given) == 2:
+        raise ConfigError(source, keys[1], f"given both as {keys[0]!r} and {keys[1]!r}: keep one")
+    if not given:
+        return ()
+    key = given[0]
+    items = raw[key]
+    if not isinstance(items, list):
+        raise ConfigError(source, key, f"must be a list of tensors, got {_show(items)}")
+    specs: list[TensorSpec] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = f"{key}[{i}]"
+        spec = _tensor(item, source, path)
+        if spec.name in seen:
+            raise ConfigError(
+                source, f"{path}.name", f"duplicate tensor name {spec.name!r} (also {key}[{seen[spec.name]}])"
+            )
+        seen[spec.name] = i
+        specs.append(spec)
+    return tuple(specs)
+
+
+def _tensor(raw: Any, source: str, path: str) -> TensorSpec:
+    raw = check_keys(raw, _TENSOR_KEYS, source, path)
+    for required in ("name", "dims"):
+        if required not in raw:
+            raise ConfigError(source, f"{path}.{required}", "required")
+    name = read_str(raw["name"], source, f"{path}.name")
+    type_keys = [k for k in ("datatype", "data_type") if k in raw]
+    if not type_keys:
+        raise ConfigError(
+            source, f"{path}.datatype", "required (a KServe V2 name such as FP32, INT64, BYTES)"
+        )
+    if len(type_keys) == 2:
+        raise ConfigError(source, f"{path}.data_type", "given both as 'datatype' and 'data_type': keep one")
+    type_path = f"{path}.{type_keys[0]}"
+    try:
+        datatype = dtypes.normalize(read_str(raw[type_keys[0]], source, type_path))
+    except ValueError as exc:
+        raise ConfigError(source, type_path, str(exc)) from None
+    dims_path = f"{path}.dims"
+    dims = raw["dims"]
+    if not isinstance(dims, list):
+        raise ConfigError(
+            source, dims_path, f"must be a list of sizes (> 0, or -1 for variable), got {_show(dims)}"
+        )
+    for j, d in enumerate(dims):
+        if isinstance(d, bool) or not isinstance(d, int) or (d < 1 and d != -1):
+            raise ConfigError(
+                source, f"{dims_path}[{j}]", f"must be a size > 0, or -1 for variable, got {_show(d)}"
+            )
+    return TensorSpec(name=name, datatype=datatype, dims=tuple(dims))
+
+
+def _dynamic_batching(raw: Any, source: str, max_batch_size: int) -> DynamicBatching:
+    raw = check_keys(raw, _BATCHING_KEYS, source, "dynamic_batching")
+    defaults = DynamicBatching()
+    path = "dynamic_batching.preferred_batch_size"
+    preferred = read_int_list(raw.get("preferred_batch_size", []), source, path, minimum=1)
+    for i, size in enumerate(preferred):
+        if size > max_batch_size:
+            raise ConfigError(
+                source, f"{path}[{i}]", f"must be <= max_batch_size ({max_batch_size}), got {size}"
+            )
+    return DynamicBatching(
+        preferred_batch_size=preferred,
+        max_queue_delay_us=read_int(
+            raw.get("max_queue_delay_us", defaults.max_queue_delay_us),
+            source,
+            "dynamic_batching.max_queue_delay_us",
+            minimum=0,
+        ),
+        max_queue_size=read_int(
+            raw.get("max_queue_size", defaults.max_queue_size),
+            source,
+            "dynamic_batching.max_queue_size",
+            minimum=1,
+        ),
+        default_timeout_us=read_int(
+            raw.get("default_timeout_us", defaults.default_timeout_us),
+            source,
+            "dynamic_batching.default_timeout_us",
+            minimum=0,
+        ),
+    )
+
+
+def _instance_group(raw: Any, source: str) -> InstanceGroup:
+    path = "instance_group"
+    if isinstance(raw, list):  # Triton's form: [{count: 2, kind: KIND_CPU}]
+        if len(raw) != 1:
+            raise ConfigError(source, path, f"lumenrt runs one instance group per model, got {len(raw)}")
+        raw, path = raw[0], "instance_group[0]"
+    raw = check_keys(raw, _INSTANCE_KEYS, source, path)
+    if "kind" in raw:
+        read_choice(raw["kind"], _INSTANCE_KINDS, source, f"{path}.kind")
+    return InstanceGroup(
+        count=read_int(raw.get("count", 0), source, f"{path}.count", minimum=0),
+        cores=read_int_list(raw.get("cores", []), source, f"{path}.cores", minimum=0),
+    )
+
+
+def _version_policy(raw: Any, source: str) -> tuple[str, tuple[int, ...]]:
+    path = "version_policy"
+    forms = "'latest', 'all' or {specific: [1, 3]}"
+    if isinstance(raw, str):
+        if raw in ("latest", "all"):
+            return raw, ()
+        raise ConfigError(source, path, f"must be {forms}, got {raw!r}")
+    if not isinstance(raw, Mapping):
+        raise ConfigError(source, path, f"must be {forms}, got {_show(raw)}")
+    raw = check_keys(raw, ("specific",), source, path)
+    if "specific" not in raw:
+        raise ConfigError(source, path, f"must be {forms}, got an empty mapping")
+    versions = raw["specific"]
+    path = f"{path}.specific"
+    if isinstance(versions, Mapping):  # Triton's form: {specific: {versions: [1, 3]}}
+        versions = check_keys(versions, ("versions",), source, path).get("versions", [])
+        path = f"{path}.versions"
+    numbers = read_int_list(versions, source, path, minimum=1)
+    if not numbers:
+        raise ConfigError(source, path, "must list at least one version")
+    return "specific", tuple(sorted(numbers))
+
+
+# --- reading files ---------------------------------------------------------------------------------
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def read_config_file(path: Path) -> Mapping[str, Any]:
+    """The top-level mapping of a .yaml/.yml/.json file. A key given twice is an error (YAML and
+    JSON parsers otherwise keep the last one silently); an empty file is an empty mapping."""
+    suffix = path.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise ConfigError(
+            path, "", f"unsupported config file type {path.suffix!r} (use .yaml, .yml or .json)"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(path, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, "", f"cannot read: {exc}") from None
+    data = _parse_json(text, path) if suffix == ".json" else _parse_yaml(text, path)
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(path, "", f"must be a mapping of keys at the top level, got {_show(data)}")
+    return data
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_duplicates(node, path, "", set())
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(path, "", f"invalid YAML{where}: {problem}") from None
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_duplicates(node: Any, source: Path, path: str, seen_nodes: set[int]) -> None:
+    if id(node) in seen_nodes:  # an alias: already checked (and possibly recursive)
+        return
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key_node.tag != _YAML_MERGE_TAG:
+                line = key_node.start_mark.line + 1
+                if key in lines:
+                    raise ConfigError(
+                        source, _join(path, key), f"given twice (lines {lines[key]} and {line})"
+                    )
+                lines[key] = line
+            _check_yaml_duplicates(value_node, source, _join(path, key or "?"), seen_nodes)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_yaml_duplicates(item, source, f"{path}[{i}]", seen_nodes)
+
+
+class _JsonPairs(list[tuple[str, Any]]):
+    """A JSON object before its keys are checked for duplicates."""
+
+
+def _parse_json(text: str, path: Path) -> Any:
+    try:
+        data = json.loads(text, object_pairs_hook=_JsonPairs) if text.strip() else None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            path, "", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    return _json_objects(data, path, "")
+
+
+def _json_objects(value: Any, source: Path, path: str) -> Any:
+    if isinstance(value, _JsonPairs):
+        out: dict[str, Any] = {}
+        for key, item in value:
+            if key in out:
+                raise ConfigError(source, _join(path, key), "given twice")
+            out[key] = _json_objects(item, source, _join(path, key))
+        return out
+    if isinstance(value, list):
+        return [_json_objects(item, source, f"{path}[{i}]") for i, item in enumerate(value)]
+    return value
+
+
+# --- checked readers: each names the field and shows the bad value ---------------------------------
+
+
+def check_keys(raw: Any, valid: Collection[str] | None, source: Path | str, path: str) -> Mapping[str, Any]:
+    """``raw`` as a mapping with string keys, all of them in ``valid`` (None: any key)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(source, path, f"must be a mapping, got {_show(raw)}")
+    for key in raw:
+        if not isinstance(key, str):
+            raise ConfigError(source, path, f"keys must be strings, got {_show(key)}")
+        if valid is not None and key not in valid:
+            hint = difflib.get_close_matches(key, list(valid), n=1)
+            maybe = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(
+                source, _join(path, key), f"unknown key (valid: {', '.join(sorted(valid))}){maybe}"
+            )
+    return raw
+
+
+def read_int(value: Any, source: Path | str, path: str, *, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(source, path, f"must be an integer, got {_show(value)}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(source, path, f"must be {bounds}, got {value}")
+    return value
+
+
+def read_int_list(value: Any, source: Path | str, path: str, *, minimum: int) -> tuple[int, ...]:
+    """A list of distinct integers >= minimum."""
+    if not isinstance(value, list):
+        raise ConfigError(source, path, f"must be a list of integers, got {_show(value)}")
+    out = tuple(read_int(v, source, f"{path}[{i}]", minimum=minimum) for i, v in enumerate(value))
+    for i, v in enumerate(out):
+        if v in out[:i]:
+            raise ConfigError(source, f"{path}[{i}]", f"duplicate value {v}")
+    return out
+
+
+def read_bool(value: Any, source: Path | str, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(source, path, f"must be true or false, got {_show(value)}")
+    return value
+
+
+def read_str(value: Any, source: Path | str, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(source, path, f"must be a non-empty string, got {_show(value)}")
+    return value
+
+
+def read_choice(value: Any, choices: Collection[str], source: Path | str, path: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(source, path, f"must be one of {', '.join(choices)}; got {_show(value)}")
+    return value
+
+
+def _show(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key

@@ -1,0 +1,292 @@
+"""``lumenrt.Engine``: the in-process API over a model repository.
+
+    with Engine() as engine:                       # the built-in repository, every model loaded
+        result = engine.infer("digits_mlp", {"input": x})
+        result.outputs["probabilities"], result.times.compute_end_ns
+
+    result = await engine.infer_async("squeezenet", {"data": image}, timeout_s=0.5)
+
+Async completions travel back through one completion ring and an eventfd notifier watched by the
+running event loop (``loop.add_reader``): a worker that finishes a request pushes its index and
+wakes the loop only if the loop is asleep, so a busy loop pays no system call per completion.
+"""
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lumenrt.backends.base import Placement, get_backend
+from lumenrt.engine.repository import ModelNotFound, ModelRepository
+from lumenrt.engine.request import Array, EngineError, InferRequest, ModelNotReady, StageTimes
+from lumenrt.engine.runtime import ModelRuntime, RuntimeOptions
+from lumenrt.engine.server_config import EngineConfig
+from lumenrt.native import (
+    NOTIFIER_BYTES,
+    Layout,
+    Notifier,
+    Region,
+    Ring,
+    ring_required_bytes,
+)
+
+COMPLETION_CAPACITY = 1 << 16  # async completions in flight at once across all models (guessed ample)
+
+
+@dataclass(slots=True)
+class InferResult:
+    model: str
+    version: int
+    outputs: dict[str, Array]
+    times: StageTimes
+
+
+def placements_for(n_workers: int, cores: tuple[int, ...]) -> list[Placement]:
+    """One placement per worker, round-robin over the cores; compute threads per session chosen
+    so that all workers' threads together never exceed the cores given."""
+    intra = max(1, len(cores) // max(n_workers, 1))
+    return [Placement(cores=(cores[i % len(cores)],), intra_op_threads=intra) for i in range(n_workers)]
+
+
+class _AsyncCompletions:
+    """Completion ring + notifier bound to one event loop."""
+
+    def __init__(self, engine: "Engine") -> None:
+        lay = Layout()
+        ring_at = lay.add(ring_required_bytes(COMPLETION_CAPACITY))
+        note_at = lay.add(NOTIFIER_BYTES)
+        self._region = Region.anonymous(lay.size_bytes)
+        self.ring = Ring.create(self._region, "mpmc", COMPLETION_CAPACITY, offset=ring_at)
+        self.notifier = Notifier.create(self._region, offset=note_at)
+        self._engine = engine
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.loop is loop:
+            return
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_reader(self.notifier.fileno())
+        self.loop = loop
+        loop.add_reader(self.notifier.fileno(), self.drain)
+        self.notifier.arm()
+        self.drain()
+
+    def on_done(self, req: InferRequest) -> None:  # worker thread
+        self.ring.push(req.index, kind=req.model_id, timeout_s=30)
+        self.notifier.notify()
+
+    def drain(self) -> None:  # event loop thread
+        self.notifier.drain()
+        while True:
+            for item in self.ring.pop_many(256, timeout_s=0):
+                self._engine._resolve(item.kind, item.request_id)
+            self.notifier.arm()
+            if len(self.ring) == 0:  # re-check after arming (see notifier.h)
+                return
+
+    def close(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_reader(self.notifier.fileno())
+        self.loop = None
+
+
+class Engine:
+    def __init__(
+        self,
+        repository: str | Path | None = None,
+        settings: EngineConfig | None = None,
+        *,
+        models: Iterable[str] | None = None,
+    ) -> None:
+        if repository is None:
+            from lumenrt.models.builtin import ensure_builtin_repository
+
+            repository = ensure_builtin_repository()
+        self.repository = ModelRepository(Path(repository))
+        settings = settings or EngineConfig()
+        if settings.worker_mode != "thread":
+            raise NotImplementedError("worker_mode 'process' is not implemented yet; use 'thread'")
+        self.settings = settings
+        self._runtimes: dict[str, dict[int, ModelRuntime]] = {}
+        self._by_id: list[ModelRuntime] = []
+        self._async: _AsyncCompletions | None = None
+        self.closed = False
+        names = models if models is not None else [m.name for m in self.repository.index()]
+        try:
+            for name in names:
+                self.load(name)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- models -----------------------------------------------------------------------------
+
+    def load(self, name: str) -> None:
+        """Load (or reload) every version the model's version policy selects."""
+        loaded = self.repository.load(name)
+        fresh: dict[int, ModelRuntime] = {}
+        try:
+            for lm in loaded:
+                n = lm.config.instance_group.count or self.settings.thread_count or len(self.settings.cores)
+                cores = lm.config.instance_group.cores or self.settings.cores
+                runtime = ModelRuntime(
+                    config=lm.config,
+                    version=lm.version,
+                    model_path=lm.model_path,
+                    backend=get_backend(lm.config.backend, lm.config.source),
+                    placements=placements_for(n, tuple(cores)),
+                    options=RuntimeOptions(
+                        queue_type=self.settings.queue_type,
+                        allocator_type=self.settings.allocator_type,
+                        pin=self.settings.pin,
+                        arena_slot_bytes=self.settings.arena_slot_bytes,
+                        arena_slots=self.settings.arena_slots,
+                    ),
+                )
+                runtime.model_id = len(self._by_id)
+                self._by_id.append(runtime)
+                for rec in runtime.table.records:
+                    rec.model_id = runtime.model_id
+                fresh[lm.version] = runtime
+                runtime.start()
+        except BaseException:
+            for rt in fresh.values():
+                rt.close()
+            raise
+        old = self._runtimes.get(name, {})
+        self._runtimes[name] = fresh
+        for rt in old.values():
+            rt.close()
+
+    def unload(self, name: str) -> None:
+        for rt in self._runtimes.pop(name, {}).values():
+            rt.close()
+
+    def models(self) -> list[str]:
+        return sorted(self._runtimes)
+
+    def runtime(self, name: str, version: int | None = None) -> ModelRuntime:
+        versions = self._runtimes.get(name)
+        if not versions:
+            raise ModelNotFound(
+                f"unknown model {name!r} (loaded: {', '.join(self.models()) or 'none'})",
+                self.repository.root / name,
+            )
+        if version is None:
+            return versions[max(versions)]
+        if version not in versions:
+            raise ModelNotFound(
+                f"model {name!r} has no loaded version {version} (loaded: {sorted(versions)})",
+                self.repository.root / name / str(version),
+            )
+        return versions[version]
+
+    def ready(self, name: str | None = None, version: int | None = None) -> bool:
+        if self.closed:
+            return False
+        if name is None:
+            return all(rt.ready for versions in self._runtimes.values() for rt in versions.values())
+        try:
+            return self.runtime(name, version).ready
+        except ModelNotFound:
+            return False
+
+    def metadata(self, name: str, version: int | None = None) -> dict[str, Any]:
+        rt = self.runtime(name, version)
+        cfg = rt.config
+        lead = [-1] if cfg.max_batch_size > 0 else []
+
+        def tensors(specs: Iterable[Any]) -> list[dict[str, Any]]:
+            return [{"name": s.name, "datatype": s.datatype, "shape": lead + list(s.dims)} for s in specs]
+
+        return {
+            "name": cfg.name,
+            "versions": [str(v) for v in sorted(self._runtimes[name])],
+            "platform": cfg.backend,
+            "inputs": tensors(cfg.inputs),
+            "outputs": tensors(cfg.outputs),
+            "max_batch_size": cfg.max_batch_size,
+        }
+
+    def statistics(self, name: str | None = None) -> list[dict[str, Any]]:
+        names = [name] if name is not None else self.models()
+        return [rt.statistics() for n in names for rt in self._runtimes.get(n, {}).values()]
+
+    # ---- inference ---------------------------------------------------------------------------
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        timeout_s: float | None = None,
+    ) -> InferResult:
+        rt = self.runtime(model, version)
+        req = rt.submit(inputs, timeout_s=timeout_s)
+        req.done.wait()
+        return self._finish(rt, req)
+
+    async def infer_async(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        timeout_s: float | None = None,
+    ) -> InferResult:
+        loop = asyncio.get_running_loop()
+        if self._async is None:
+            self._async = _AsyncCompletions(self)
+        self._async.bind(loop)
+        rt = self.runtime(model, version)
+        future: asyncio.Future[None] = loop.create_future()
+        req = rt.submit(inputs, timeout_s=timeout_s, on_done=self._async.on_done)
+        req.future = future
+        try:
+            await future
+        except asyncio.CancelledError:
+            req.cancelled = True  # the worker skips it if not started; _resolve releases it
+            raise
+        return self._finish(rt, req)
+
+    def _resolve(self, model_id: int, index: int) -> None:
+        rt = self._by_id[model_id]
+        req = rt.table.records[index]
+        future: asyncio.Future[None] | None = req.future
+        if future is None or future.done():  # the caller went away (cancelled): nobody will read it
+            rt.release(req)
+            return
+        future.set_result(None)
+
+    def _finish(self, rt: ModelRuntime, req: InferRequest) -> InferResult:
+        try:
+            if req.error is not None:
+                raise req.error
+            assert req.outputs is not None
+            return InferResult(rt.config.name, rt.version, req.outputs, req.times)
+        finally:
+            rt.release(req)
+
+    # ---- shutdown ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Readiness false, new requests refused, queued ones finish, workers joined."""
+        if self.closed:
+            return
+        self.closed = True
+        for versions in self._runtimes.values():
+            for rt in versions.values():
+                rt.close()
+        if self._async is not None:
+            self._async.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Engine", "EngineConfig", "EngineError", "InferResult", "ModelNotFound", "ModelNotReady"]

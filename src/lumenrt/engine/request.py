@@ -1,0 +1,125 @@
+"""One inference request inside the engine, and its stage timestamps.
+
+Requests live in a fixed table per model (``RequestTable``), allocated once at load: the ring
+carries only the table index (``request_id``), so nothing about a request is allocated on the hot
+path beyond the numpy arrays the caller hands in and the model hands back.
+"""
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
+
+
+class EngineError(RuntimeError):
+    """Base of the errors a request can be answered with."""
+
+    status = 500
+
+
+class QueueFull(EngineError):
+    status = 503
+
+
+class RequestTimeout(EngineError):
+    status = 504
+
+
+class RequestCancelled(EngineError):
+    status = 499
+
+
+class WorkerDied(EngineError):
+    status = 503
+
+
+class ModelNotReady(EngineError):
+    status = 503
+
+
+class InvalidInput(EngineError, ValueError):
+    status = 400
+
+
+@dataclass(slots=True)
+class StageTimes:
+    """CLOCK_MONOTONIC nanoseconds (time.monotonic_ns); 0 = not reached."""
+
+    received_ns: int = 0
+    enqueued_ns: int = 0
+    dequeued_ns: int = 0
+    batch_formed_ns: int = 0
+    compute_start_ns: int = 0
+    compute_end_ns: int = 0
+    completed_ns: int = 0
+    batch_size: int = 0  # rows in the batch this request ran in
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class InferRequest:
+    index: int
+    inputs: dict[str, Array] = field(default_factory=dict)
+    rows: int = 1
+    deadline_ns: int = 0  # 0 = none
+    outputs: dict[str, Array] | None = None
+    error: EngineError | None = None
+    cancelled: bool = False
+    times: StageTimes = field(default_factory=StageTimes)
+    done: threading.Event = field(default_factory=threading.Event)
+    on_done: Any = None  # callable(request) run by the worker at completion instead of done.set()
+    future: Any = None  # asyncio.Future of an infer_async caller
+    model_id: int = 0  # which runtime's table this record belongs to (for async completions)
+
+    def reset(self) -> None:
+        self.inputs = {}
+        self.outputs = None
+        self.error = None
+        self.cancelled = False
+        self.deadline_ns = 0
+        self.rows = 1
+        self.times = StageTimes()
+        self.on_done = None
+        self.future = None
+        self.done.clear()
+
+    def complete(self) -> None:
+        callback = self.on_done
+        if callback is not None:
+            callback(self)
+        else:
+            self.done.set()
+
+
+class RequestTable:
+    """A fixed set of request records and a free list. ``acquire`` and ``release`` are O(1) and
+    atomic under the GIL (deque.popleft/append); running out means the model is saturated."""
+
+    def __init__(self, size: int) -> None:
+        self.records = [InferRequest(i) for i in range(size)]
+        self._free: deque[int] = deque(range(size))
+
+    def acquire(self) -> InferRequest | None:
+        try:
+            return self.records[self._free.popleft()]
+        except IndexError:
+            return None
+
+    def release(self, request: InferRequest) -> None:
+        request.reset()
+        self._free.append(request.index)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+def batch_rows(inputs: dict[str, Array]) -> int:
+    first = next(iter(inputs.values()))
+    return int(first.shape[0]) if first.ndim else 1

@@ -1,0 +1,229 @@
+"""One loaded model version: its request ring, request table, input arena and workers.
+
+Ingress path of a request (``submit``), all in the caller's thread:
+  validate -> take a request record -> copy the inputs once (into an arena slot with
+  allocator_type "lumen_arena", into fresh numpy arrays with "standard") -> push the record's index
+  to the request ring (full: QueueFull at once, never a wait) -> a worker completes it.
+"""
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lumenrt.backends.base import Backend, Placement
+from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.request import (
+    Array,
+    InferRequest,
+    ModelNotReady,
+    QueueFull,
+    RequestTable,
+)
+from lumenrt.engine.validate import validate_inputs
+from lumenrt.engine.worker import ThreadWorker, WorkerStats
+from lumenrt.native import Region, Ring, RingClosed, SlabPool, ring_required_bytes, slab_required_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    queue_type: str = "mpmc"
+    allocator_type: str = "lumen_arena"  # or "standard"
+    pin: bool = True
+    arena_slot_bytes: int = 1 << 20
+    arena_slots: int = 256
+
+
+def _ring_capacity(n: int) -> int:
+    cap = 2
+    while cap < n:
+        cap *= 2
+    return cap
+
+
+class ModelRuntime:
+    def __init__(
+        self,
+        *,
+        config: ModelConfig,
+        version: int,
+        model_path: Path,
+        backend: Backend,
+        placements: list[Placement],
+        options: RuntimeOptions,
+    ) -> None:
+        self.config = config
+        self.version = version
+        self.model_id = 0  # set by the engine: index used by async completions
+        self.options = options
+        db = config.dynamic_batching
+        max_queue = db.max_queue_size if db is not None else 1024
+        per_batch = max(config.max_batch_size, 1)
+        # records: every queued request plus what the workers may hold (a batch each, and a carry)
+        self.table = RequestTable(max_queue + 2 * per_batch * len(placements))
+        self.ring = Ring.create(
+            Region.anonymous(ring_required_bytes(_ring_capacity(max_queue))),
+            options.queue_type,
+            _ring_capacity(max_queue),
+        )
+        self._max_queue = max_queue
+        self.pool: SlabPool | None = None
+        if options.allocator_type == "lumen_arena":
+            n = min(options.arena_slots, len(self.table.records))
+            self.pool = SlabPool.create(
+                Region.anonymous(slab_required_bytes(options.arena_slot_bytes, n)),
+                options.arena_slot_bytes,
+                n,
+            )
+        self._slots: dict[int, int] = {}  # request index -> arena slot
+        self.arena_fallbacks = 0  # requests too big for a slot (or arena full): copied to fresh arrays
+        self.rejected = 0
+        self.workers = [
+            ThreadWorker(
+                index=i,
+                config=config,
+                backend=backend,
+                model_path=model_path,
+                placement=p,
+                ring=self.ring,
+                table=self.table,
+                pin=options.pin,
+            )
+            for i, p in enumerate(placements)
+        ]
+        self.closed = False
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 120) -> None:
+        for w in self.workers:
+            w.start()
+        for w in self.workers:
+            if not w.ready.wait(timeout_s):
+                raise TimeoutError(
+                    f"model {self.config.name!r}: worker {w.index} did not load within {timeout_s} s"
+                )
+        errors = [w.load_error for w in self.workers if w.load_error is not None]
+        if errors:
+            self.close()
+            raise errors[0]
+
+    @property
+    def ready(self) -> bool:
+        return not self.closed and all(w.alive and w.ready.is_set() for w in self.workers)
+
+    def close(self, timeout_s: float = 30) -> None:
+        """Stop taking requests, let the workers finish what is queued, join them."""
+        self.closed = True
+        self.ring.close()
+        for w in self.workers:
+            w.join(timeout_s)
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout_s: float | None = None,
+        on_done: Callable[[InferRequest], None] | None = None,
+    ) -> InferRequest:
+        received_ns = time.monotonic_ns()
+        if self.closed:
+            raise ModelNotReady(f"model {self.config.name!r} is unloading")
+        arrays, rows = validate_inputs(self.config, inputs)
+        req = self.table.acquire()
+        if req is None:
+            self.rejected += 1
+            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
+        req.times.received_ns = received_ns
+        req.rows = rows
+        req.on_done = on_done
+        db = self.config.dynamic_batching
+        if timeout_s is None and db is not None and db.default_timeout_us:
+            timeout_s = db.default_timeout_us / 1e6
+        if timeout_s is not None:
+            req.deadline_ns = received_ns + int(timeout_s * 1e9)
+        req.inputs = self._copy_in(req, arrays)
+        req.times.enqueued_ns = time.monotonic_ns()
+        try:
+            pushed = self.ring.try_push(req.index, aux0=rows)
+        except RingClosed:
+            pushed = False
+        if not pushed:
+            self.release(req)
+            self.rejected += 1
+            if self.closed:
+                raise ModelNotReady(f"model {self.config.name!r} is unloading")
+            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
+        return req
+
+    def _copy_in(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array]:
+        """The one copy of the request's tensors."""
+        pool = self.pool
+        if pool is not None:
+            total = sum(a.nbytes for a in arrays.values() if a.dtype != np.object_)
+            if total <= pool.slot_bytes and all(a.dtype != np.object_ for a in arrays.values()):
+                slot = pool.try_alloc()
+                if slot is not None:
+                    self._slots[req.index] = slot
+                    view = pool.view(slot)
+                    copied: dict[str, Array] = {}
+                    offset = 0
+                    for name, a in arrays.items():
+                        dst = np.frombuffer(view, dtype=a.dtype, count=a.size, offset=offset).reshape(a.shape)
+                        np.copyto(dst, a)
+                        copied[name] = dst
+                        offset += (a.nbytes + 63) & ~63
+                    return copied
+            self.arena_fallbacks += 1
+        return {name: np.array(a, copy=True) for name, a in arrays.items()}
+
+    def release(self, req: InferRequest) -> None:
+        slot = self._slots.pop(req.index, None)
+        if slot is not None and self.pool is not None:
+            self.pool.free(slot)
+        self.table.release(req)
+
+    # ---- statistics -----------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, Any]:
+        total = WorkerStats()
+        for w in self.workers:
+            s = w.stats
+            total.requests += s.requests
+            total.batches += s.batches
+            total.failures += s.failures
+            total.expired += s.expired
+            total.cancelled += s.cancelled
+            total.queue_ns += s.queue_ns
+            total.input_ns += s.input_ns
+            total.infer_ns += s.infer_ns
+            total.output_ns += s.output_ns
+            for rows, n in s.batch_rows.items():
+                total.batch_rows[rows] = total.batch_rows.get(rows, 0) + n
+        return {
+            "name": self.config.name,
+            "version": self.version,
+            "ready": self.ready,
+            "workers": len(self.workers),
+            "queue_type": self.options.queue_type,
+            "allocator_type": self.options.allocator_type,
+            "requests": total.requests,
+            "batches": total.batches,
+            "failures": total.failures,
+            "expired": total.expired,
+            "cancelled": total.cancelled,
+            "rejected": self.rejected,
+            "arena_fallbacks": self.arena_fallbacks,
+            "queue_ns": total.queue_ns,
+            "input_ns": total.input_ns,
+            "infer_ns": total.infer_ns,
+            "output_ns": total.output_ns,
+            "batch_rows": dict(sorted(total.batch_rows.items())),
+            "arena": self.pool.stats() if self.pool is not None else None,
+            "ring": self.ring.stats(),
+        }

@@ -1,0 +1,139 @@
+"""Server config: ``lumenrt.json`` / ``lumenrt.yaml``, the engine's architecture knobs.
+
+The seed's keys keep their names and values under ``engine``::
+
+    {"engine": {"queue_type": "mpmc", "allocator_type": "lumen_arena", "thread_count": 8, "batch_size": 1}}
+
+and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes`` and ``arena_slots``.
+Unknown keys are errors naming the key. Overrides (e.g. from command-line flags) are engine keys
+applied over the file; a None value means "not given".
+"""
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lumenrt.engine.config import ConfigError, check_keys, read_bool, read_choice, read_config_file, read_int
+
+QUEUE_TYPES = ("mpmc", "spsc", "naive", "batched")
+ALLOCATOR_TYPES = ("lumen_arena", "standard")  # standard: a fresh numpy allocation per request
+WORKER_MODES = ("thread", "process")
+
+# Guessed, not measured: a slot holds one request's input tensors; 1 MiB fits SqueezeNet's
+# 1x3x224x224 FP32 input (602,112 bytes) and 256 slots bound the arena at 256 MiB.
+DEFAULT_ARENA_SLOT_BYTES = 1 << 20
+DEFAULT_ARENA_SLOTS = 256
+MIN_ARENA_SLOT_BYTES = 64  # one cache line
+
+SECTIONS = ("engine",)  # top-level keys of the file
+ENGINE_KEYS = (
+    "queue_type",
+    "allocator_type",
+    "thread_count",
+    "batch_size",
+    "worker_mode",
+    "pin",
+    "cores",
+    "arena_slot_bytes",
+    "arena_slots",
+)
+
+
+def usable_cores() -> tuple[int, ...]:
+    """The cores this process may run on (its affinity mask), in ascending order."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Checked engine settings. ``thread_count`` 0 and ``cores`` () are resolved at construction
+    (one worker per core; the usable cores), so a built EngineConfig holds concrete values."""
+
+    queue_type: str = "mpmc"
+    allocator_type: str = "lumen_arena"
+    thread_count: int = 0  # workers; 0 = one per core in ``cores`` (1 with spsc)
+    batch_size: int = 1  # max batch for models whose config does not say
+    worker_mode: str = "thread"
+    pin: bool = True  # pin each worker to one core of ``cores``
+    cores: tuple[int, ...] = ()  # () = the cores this process may use
+    arena_slot_bytes: int = DEFAULT_ARENA_SLOT_BYTES
+    arena_slots: int = DEFAULT_ARENA_SLOTS
+
+    def __post_init__(self) -> None:
+        src = "EngineConfig"
+        read_choice(self.queue_type, QUEUE_TYPES, src, "engine.queue_type")
+        read_choice(self.allocator_type, ALLOCATOR_TYPES, src, "engine.allocator_type")
+        read_choice(self.worker_mode, WORKER_MODES, src, "engine.worker_mode")
+        read_int(self.thread_count, src, "engine.thread_count", minimum=0)
+        read_int(self.batch_size, src, "engine.batch_size", minimum=1)
+        read_bool(self.pin, src, "engine.pin")
+        read_int(self.arena_slot_bytes, src, "engine.arena_slot_bytes", minimum=MIN_ARENA_SLOT_BYTES)
+        read_int(self.arena_slots, src, "engine.arena_slots", minimum=1)
+        usable = usable_cores()
+        cores = tuple(self.cores) or usable
+        for i, core in enumerate(cores):
+            read_int(core, src, f"engine.cores[{i}]", minimum=0)
+            if core in cores[:i]:
+                raise ConfigError(src, f"engine.cores[{i}]", f"duplicate core {core}")
+            if core not in usable:
+                raise ConfigError(
+                    src,
+                    f"engine.cores[{i}]",
+                    f"core {core} is not usable by this process (usable: {list(usable)})",
+                )
+        object.__setattr__(self, "cores", cores)
+        if self.thread_count == 0:  # spsc serves a single worker (one consumer)
+            object.__setattr__(self, "thread_count", 1 if self.queue_type == "spsc" else len(cores))
+        if self.queue_type == "spsc" and self.thread_count > 1:
+            raise ConfigError(
+                src,
+                "engine.queue_type",
+                f"'spsc' has a single consumer, so it serves one worker, but thread_count is "
+                f"{self.thread_count}: use thread_count 1, or queue_type 'mpmc' for several workers",
+            )
+
+    @property
+    def label(self) -> str:
+        """Short name of the architecture, e.g. ``mpmc/lumen_arena/thread/w2``."""
+        return f"{self.queue_type}/{self.allocator_type}/{self.worker_mode}/w{self.thread_count}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values, for recording in benchmark result files."""
+        out = asdict(self)
+        out["cores"] = list(self.cores)
+        return out
+
+
+def load_engine_config(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> EngineConfig:
+    """The engine config from ``path`` (lumenrt.json / .yaml; None: defaults only), with
+    ``overrides`` (engine keys; None values ignored) applied over it."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if path is not None:
+        raw = check_keys(read_config_file(path), SECTIONS, path, "")
+        section = check_keys(raw.get("engine", {}), ENGINE_KEYS, path, "engine")
+        values.update(section)
+        origin.update(dict.fromkeys(section, str(path)))
+    if overrides:
+        given = {
+            k: v
+            for k, v in check_keys(overrides, ENGINE_KEYS, "<overrides>", "engine").items()
+            if v is not None
+        }
+        values.update(given)
+        origin.update(dict.fromkeys(given, "<overrides>"))
+    if isinstance(values.get("cores"), list):
+        values["cores"] = tuple(values["cores"])
+    elif "cores" in values:
+        key = "engine.cores"
+        raise ConfigError(origin["cores"], key, f"must be a list of core numbers, got {values['cores']!r}")
+    try:
+        return EngineConfig(**values)
+    except ConfigError as exc:  # re-raised naming where the offending value came from
+        key = exc.field.removeprefix("engine.").split("[")[0]
+        source = origin.get(key, str(path) if path is not None else "<defaults>")
+        raise ConfigError(source, exc.field, exc.problem) from None

@@ -1,0 +1,214 @@
+"""Thread-mode worker: one per core, pinned, owning one model session.
+
+Loop: the batcher blocks for the first request (GIL released while it waits), gathers a batch,
+the worker drops requests that expired or were cancelled (answered, never run), concatenates the
+rest into its pre-allocated batch buffers, runs the session (ONNX Runtime, XGBoost and PyTorch
+release the GIL while they compute), hands each request exactly its own rows, and completes it.
+
+Shutdown order
+  1. the runtime closes the request ring (no new request gets in);
+  2. each worker drains what is left (ring pops succeed until empty), then sees RingClosed;
+  3. the worker closes its session and ends; the runtime joins it.
+"""
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lumenrt.backends.base import Backend, BackendSession, Placement
+from lumenrt.engine.batcher import Batcher, BatchPolicy
+from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.request import (
+    Array,
+    EngineError,
+    InferRequest,
+    RequestCancelled,
+    RequestTable,
+    RequestTimeout,
+)
+from lumenrt.engine.validate import numpy_dtype
+from lumenrt.native import Ring, RingClosed
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Written by its worker only; the runtime adds them up when asked."""
+
+    requests: int = 0
+    batches: int = 0
+    failures: int = 0
+    expired: int = 0
+    cancelled: int = 0
+    queue_ns: int = 0  # enqueued -> dequeued
+    input_ns: int = 0  # dequeued -> compute start (batch formed, gathered)
+    infer_ns: int = 0  # compute start -> end
+    output_ns: int = 0  # compute end -> completed (split, complete)
+    batch_rows: dict[int, int] = field(default_factory=dict)  # rows -> batches of that size
+
+
+def zeros_for(config: ModelConfig, rows: int) -> dict[str, Array]:
+    """Warm-up inputs: zeros, variable dims taken as 1."""
+    lead = (rows,) if config.max_batch_size > 0 else ()
+    out: dict[str, Array] = {}
+    for spec in config.inputs:
+        shape = lead + tuple(d if d > 0 else 1 for d in spec.dims)
+        dtype = numpy_dtype(spec.datatype)
+        out[spec.name] = (
+            np.zeros(shape, dtype=dtype) if dtype != np.object_ else np.full(shape, b"", dtype=object)
+        )
+    return out
+
+
+class ThreadWorker:
+    def __init__(
+        self,
+        *,
+        index: int,
+        config: ModelConfig,
+        backend: Backend,
+        model_path: Any,
+        placement: Placement,
+        ring: Ring,
+        table: RequestTable,
+        pin: bool,
+    ) -> None:
+        self.index = index
+        self.config = config
+        self.placement = placement
+        self.stats = WorkerStats()
+        self.ready = threading.Event()
+        self.load_error: BaseException | None = None
+        self._backend = backend
+        self._model_path = model_path
+        self._ring = ring
+        self._table = table
+        self._pin = pin
+        max_rows = max(config.max_batch_size, 1)
+        db = config.dynamic_batching
+        self._policy = BatchPolicy(
+            max_rows=max_rows if db is not None else 1 if config.max_batch_size == 0 else max_rows,
+            max_queue_delay_ns=(db.max_queue_delay_us * 1000) if db else 0,
+            preferred_rows=frozenset(db.preferred_batch_size) if db else frozenset(),
+        )
+        if db is None:  # no dynamic batching: every request runs alone
+            self._policy = BatchPolicy(max_rows=1)
+        self._buffers = self._batch_buffers(max_rows)
+        self._thread = threading.Thread(target=self._run, name=f"lumenrt-{config.name}-w{index}", daemon=True)
+
+    def _batch_buffers(self, max_rows: int) -> dict[str, Array]:
+        """Pre-allocated batch buffers for inputs of fixed shape (variable ones are concatenated)."""
+        if self.config.max_batch_size == 0:
+            return {}
+        buffers: dict[str, Array] = {}
+        for spec in self.config.inputs:
+            if all(d > 0 for d in spec.dims) and spec.datatype != "BYTES":
+                buffers[spec.name] = np.empty((max_rows, *spec.dims), dtype=numpy_dtype(spec.datatype))
+        return buffers
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            if self._pin and self.placement.cores:
+                os.sched_setaffinity(0, self.placement.cores)  # this thread only (Linux)
+            session = self._backend.load(self._model_path, self.config, self.placement)
+            for _ in range(self.config.warmup):
+                session.run(zeros_for(self.config, 1))
+        except BaseException as e:  # reported by the runtime at load
+            self.load_error = e
+            self.ready.set()
+            return
+        self.ready.set()
+        batcher = Batcher(self._ring, self._table, self._policy)
+        try:
+            while True:
+                try:
+                    batch = batcher.next_batch()
+                except RingClosed:
+                    break
+                self._execute(session, batch)
+        finally:
+            session.close()
+
+    def _execute(self, session: BackendSession, batch: list[InferRequest]) -> None:
+        now_ns = time.monotonic_ns()
+        stats = self.stats
+        live: list[InferRequest] = []
+        for req in batch:
+            req.times.dequeued_ns = now_ns
+            if req.cancelled:
+                stats.cancelled += 1
+                self._fail(req, RequestCancelled("request cancelled before it ran"))
+            elif req.deadline_ns and now_ns > req.deadline_ns:
+                stats.expired += 1
+                waited_us = (now_ns - req.times.enqueued_ns) // 1000
+                self._fail(
+                    req, RequestTimeout(f"request timed out after {waited_us} us in the queue; not run")
+                )
+            else:
+                live.append(req)
+        if not live:
+            return
+        inputs = live[0].inputs if len(live) == 1 else self._gather(live)
+        rows = sum(r.rows for r in live)
+        t_start = time.monotonic_ns()
+        try:
+            outputs = session.run(inputs)
+        except Exception as e:
+            stats.failures += len(live)
+            error = EngineError(f"model {self.config.name!r} failed: {type(e).__name__}: {e}")
+            error.__cause__ = e
+            for req in live:
+                self._fail(req, error)
+            return
+        t_end = time.monotonic_ns()
+        batched = self.config.max_batch_size > 0
+        offset = 0
+        for req in live:
+            times = req.times
+            times.batch_formed_ns = times.compute_start_ns = t_start
+            times.compute_end_ns = t_end
+            times.batch_size = rows
+            if batched and len(live) > 1:
+                req.outputs = {name: out[offset : offset + req.rows] for name, out in outputs.items()}
+            else:
+                req.outputs = outputs
+            offset += req.rows
+            stats.queue_ns += now_ns - times.enqueued_ns
+            stats.input_ns += t_start - now_ns
+            stats.infer_ns += t_end - t_start
+            times.completed_ns = time.monotonic_ns()
+            stats.output_ns += times.completed_ns - t_end
+            req.complete()
+        stats.requests += len(live)
+        stats.batches += 1
+        stats.batch_rows[rows] = stats.batch_rows.get(rows, 0) + 1
+
+    def _gather(self, live: list[InferRequest]) -> dict[str, Array]:
+        rows = sum(r.rows for r in live)
+        gathered: dict[str, Array] = {}
+        for spec in self.config.inputs:
+            parts = [r.inputs[spec.name] for r in live]
+            buffer = self._buffers.get(spec.name)
+            if buffer is not None:
+                gathered[spec.name] = np.concatenate(parts, out=buffer[:rows])
+            else:
+                gathered[spec.name] = np.concatenate(parts)
+        return gathered
+
+    def _fail(self, req: InferRequest, error: EngineError) -> None:
+        req.error = error
+        req.times.completed_ns = time.monotonic_ns()
+        req.complete()
