@@ -141,13 +141,22 @@ static inline void lrt_after_pop(lrt_ring *r, int n_freed) {
 
 /* kind-specific try operations (ring_mpmc.c, ring_spsc.c, ring_mutex.c) */
 int lrt_mpmc_try_push(lrt_ring *r, const lrt_desc *d);
-int lrt_mpmc_try_pop(lrt_ring *r, lrt_desc *out);
+int lrt_mpmc_try_pop(lrt_ring *r, lrt_desc *out, lrt_hold *hold);
 int lrt_mpmc_recover(lrt_ring *r, lrt_desc *lost, int max_lost);
 int lrt_mpmc_stalled(const lrt_ring *r, int pop_side);
 int lrt_spsc_try_push(lrt_ring *r, const lrt_desc *d);
-int lrt_spsc_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n);
+int lrt_spsc_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n, lrt_hold *hold);
 int lrt_mutex_init(lrt_ring_hdr *h);
 int lrt_mutex_try_push(lrt_ring *r, const lrt_desc *d);
-int lrt_mutex_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n);
+int lrt_mutex_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n, lrt_hold *hold);
+
+/* Record a popped descriptor in the consumer's hold before the ring gives its cell up. */
+static inline void lrt_hold_put(lrt_hold *h, const lrt_desc *d) {
+    if (!h) return;
+    h->entries[h->pos % h->capacity] = *d;
+    /* release: the entry is complete before the caller's release store of the cell, which a
+     * supervisor orders after the consumer's death (it reads after waitpid) */
+    atomic_store_explicit((_Atomic uint32_t *)&h->pos, h->pos + 1, memory_order_release);
+}
 
 #endif

@@ -126,16 +126,16 @@ static int kind_try_push(lrt_ring *r, const lrt_desc *d) {
     }
 }
 
-static int kind_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
+static int kind_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n, lrt_hold *hold) {
     int n = 0, rc = LRT_EMPTY;
     switch (r->kind) {
-    case LRT_RING_SPSC: return lrt_spsc_try_pop_many(r, out, max_n);
-    case LRT_RING_BATCHED: return lrt_mutex_try_pop_many(r, out, max_n);
+    case LRT_RING_SPSC: return lrt_spsc_try_pop_many(r, out, max_n, hold);
+    case LRT_RING_BATCHED: return lrt_mutex_try_pop_many(r, out, max_n, hold);
     case LRT_RING_NAIVE: /* one lock acquisition per element: the naive baseline */
-        while (n < max_n && (rc = lrt_mutex_try_pop_many(r, out + n, 1)) == 1) n++;
+        while (n < max_n && (rc = lrt_mutex_try_pop_many(r, out + n, 1, hold)) == 1) n++;
         break;
     default:
-        while (n < max_n && (rc = lrt_mpmc_try_pop(r, out + n)) == LRT_OK) n++;
+        while (n < max_n && (rc = lrt_mpmc_try_pop(r, out + n, hold)) == LRT_OK) n++;
         break;
     }
     return n > 0 ? n : (rc == LRT_OK || rc == 1 ? LRT_EMPTY : rc);
@@ -148,11 +148,11 @@ int lrt_ring_try_push(lrt_ring *r, const lrt_desc *d) {
     return rc;
 }
 
-static int try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
+static int try_pop_many(lrt_ring *r, lrt_desc *out, int max_n, lrt_hold *hold) {
     /* acquire: read closed before looking at the ring, so "closed and empty" is never reported
      * while an element pushed before close() is still in the ring */
     uint32_t closed = atomic_load_explicit(&r->hdr->closed, memory_order_acquire);
-    int n = kind_try_pop_many(r, out, max_n);
+    int n = kind_try_pop_many(r, out, max_n, hold);
     if (n > 0) {
         lrt_after_pop(r, n);
         return n;
@@ -161,7 +161,7 @@ static int try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
 }
 
 int lrt_ring_try_pop(lrt_ring *r, lrt_desc *out) {
-    int n = try_pop_many(r, out, 1);
+    int n = try_pop_many(r, out, 1, NULL);
     return n > 0 ? LRT_OK : n;
 }
 
@@ -170,9 +170,9 @@ int lrt_ring_try_pop(lrt_ring *r, lrt_desc *out) {
 #define STALL_SLICE_NS 2000000 /* 2 ms: how often a sleeper re-checks a ring stalled by a dead claim */
 
 static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const lrt_desc *in,
-                     int64_t timeout_ns) {
+                     int64_t timeout_ns, lrt_hold *hold) {
     lrt_ring_hdr *h = r->hdr;
-#define ATTEMPT() (pop_side ? try_pop_many(r, out, max_n) : lrt_ring_try_push(r, in))
+#define ATTEMPT() (pop_side ? try_pop_many(r, out, max_n, hold) : lrt_ring_try_push(r, in))
 #define RETRY(rc) (pop_side ? (rc) == LRT_EMPTY : (rc) == LRT_FULL)
     int rc = ATTEMPT();
     if (!RETRY(rc) || timeout_ns == 0) return rc;
@@ -228,12 +228,27 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
 }
 
 int lrt_ring_push(lrt_ring *r, const lrt_desc *d, int64_t timeout_ns) {
-    return wait_loop(r, 0, NULL, 0, d, timeout_ns);
+    return wait_loop(r, 0, NULL, 0, d, timeout_ns, NULL);
 }
 
 int lrt_ring_pop_many(lrt_ring *r, lrt_desc *out, int max_n, int64_t timeout_ns) {
     if (max_n <= 0 || !out) return LRT_EINVAL;
-    return wait_loop(r, 1, out, max_n, NULL, timeout_ns);
+    return wait_loop(r, 1, out, max_n, NULL, timeout_ns, NULL);
+}
+
+int lrt_ring_pop_many_hold(lrt_ring *r, lrt_desc *out, int max_n, int64_t timeout_ns, lrt_hold *hold) {
+    if (max_n <= 0 || !out || (hold && hold->capacity == 0)) return LRT_EINVAL;
+    return wait_loop(r, 1, out, max_n, NULL, timeout_ns, hold);
+}
+
+size_t lrt_hold_required_bytes(uint32_t capacity) {
+    return sizeof(lrt_hold) + (size_t)capacity * sizeof(lrt_desc);
+}
+
+void lrt_hold_init(lrt_hold *h, uint32_t capacity) {
+    memset(h, 0, lrt_hold_required_bytes(capacity));
+    h->capacity = capacity;
+    for (uint32_t i = 0; i < capacity; i++) h->entries[i].request_id = LRT_HOLD_DONE;
 }
 
 int lrt_ring_pop(lrt_ring *r, lrt_desc *out, int64_t timeout_ns) {

@@ -62,7 +62,7 @@ int lrt_mpmc_try_push(lrt_ring *r, const lrt_desc *d) {
     return LRT_OK;
 }
 
-int lrt_mpmc_try_pop(lrt_ring *r, lrt_desc *out) {
+int lrt_mpmc_try_pop(lrt_ring *r, lrt_desc *out, lrt_hold *hold) {
     lrt_ring_hdr *h = r->hdr;
     lrt_agent *a = my_agent(r);
     if (!a) return LRT_EAGENTS;
@@ -87,6 +87,7 @@ int lrt_mpmc_try_pop(lrt_ring *r, lrt_desc *out) {
             }
         }
         *out = c->d;
+        if (!(out->flags & LRT_DESC_TOMBSTONE)) lrt_hold_put(hold, out);
         /* release: hands the cell to the producer of the next lap, which acquires seq */
         atomic_store_explicit(&c->seq, pos + r->mask + 1, memory_order_release);
         atomic_store_explicit(&a->pop_claim, 0, memory_order_release);

@@ -51,14 +51,17 @@ int lrt_mutex_try_push(lrt_ring *r, const lrt_desc *d) {
     return rc;
 }
 
-int lrt_mutex_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
+int lrt_mutex_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n, lrt_hold *hold) {
     lrt_ring_hdr *h = r->hdr;
     if (lock(h) != LRT_OK) return LRT_ESYS;
     uint64_t tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
     uint64_t avail = tail - head;
     int n = avail < (uint64_t)max_n ? (int)avail : max_n;
-    for (int i = 0; i < n; i++) out[i] = r->cells[(head + (uint64_t)i) & r->mask].d;
+    for (int i = 0; i < n; i++) {
+        out[i] = r->cells[(head + (uint64_t)i) & r->mask].d;
+        lrt_hold_put(hold, &out[i]);
+    }
     if (n > 0) atomic_store_explicit(&h->head, head + (uint64_t)n, memory_order_release);
     pthread_mutex_unlock(&h->mtx);
     return n > 0 ? n : LRT_EMPTY;

@@ -38,7 +38,7 @@ int lrt_spsc_try_push(lrt_ring *r, const lrt_desc *d) {
     return LRT_OK;
 }
 
-int lrt_spsc_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
+int lrt_spsc_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n, lrt_hold *hold) {
     lrt_ring_hdr *h = r->hdr;
     int rc = claim_end(r, &h->spsc_consumer);
     if (rc != LRT_OK) return rc;
@@ -51,7 +51,10 @@ int lrt_spsc_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n) {
         if (avail <= 0) return LRT_EMPTY;
     }
     int n = avail < max_n ? (int)avail : max_n;
-    for (int i = 0; i < n; i++) out[i] = r->cells[(head + (uint64_t)i) & r->mask].d;
+    for (int i = 0; i < n; i++) {
+        out[i] = r->cells[(head + (uint64_t)i) & r->mask].d;
+        lrt_hold_put(hold, &out[i]);
+    }
     /* release: the copies above are done before the producer may reuse the cells */
     atomic_store_explicit(&h->head, head + (uint64_t)n, memory_order_release);
     return n;

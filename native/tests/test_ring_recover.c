@@ -169,11 +169,53 @@ static void test_push_only_recovery_leaves_lost_descriptor_to_owner(void) {
     munmap(region, lrt_ring_required_bytes(CAP));
 }
 
+static void test_hold_names_what_a_dead_consumer_had_popped(void) {
+    const char *kinds[] = {"mpmc", "spsc", "naive", "batched"};
+    for (int k = 0; k < 4; k++) {
+        size_t bytes = lrt_ring_required_bytes(CAP);
+        void *region = shared_region(bytes + lrt_hold_required_bytes(8));
+        lrt_hold *hold = (lrt_hold *)((char *)region + bytes);
+        lrt_hold_init(hold, 8);
+        lrt_ring_config cfg = {.kind = (uint32_t)lrt_ring_kind_from_name(kinds[k]), .flags = LRT_RING_PSHARED,
+                               .capacity = CAP, .spin_iters = -1, .yield_iters = -1};
+        lrt_ring *r = NULL;
+        CHECK_EQ(lrt_ring_create(region, bytes, &cfg, &r), LRT_OK);
+        for (uint64_t i = 0; i < 3; i++) {
+            lrt_desc x = desc(70 + i);
+            CHECK_EQ(lrt_ring_try_push(r, &x), LRT_OK);
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            lrt_ring *m = NULL;
+            lrt_desc out[4];
+            if (lrt_ring_attach(region, bytes, &m) != LRT_OK) _exit(3);
+            _exit(lrt_ring_pop_many_hold(m, out, 2, -1, hold) == 2 ? 0 : 4); /* dies holding 70, 71 */
+        }
+        int st;
+        waitpid(pid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        int held = 0;
+        for (uint32_t i = 0; i < hold->capacity; i++)
+            if (hold->entries[i].request_id != LRT_HOLD_DONE) {
+                CHECK(hold->entries[i].request_id == 70 || hold->entries[i].request_id == 71);
+                held++;
+            }
+        CHECK_EQ(held, 2);
+        CHECK_EQ(hold->pos, 2);
+        lrt_desc d;
+        CHECK_EQ(lrt_ring_try_pop(r, &d), LRT_OK); /* the rest is still there */
+        CHECK_EQ(d.request_id, 72);
+        lrt_ring_free(r);
+        munmap(region, bytes + lrt_hold_required_bytes(8));
+    }
+}
+
 int main(void) {
     RUN(test_dead_producer_claim_becomes_tombstone);
     RUN(test_dead_consumer_claim_is_reported_lost);
     RUN(test_live_claim_is_not_repaired);
     RUN(test_dead_agents_are_freed);
     RUN(test_push_only_recovery_leaves_lost_descriptor_to_owner);
+    RUN(test_hold_names_what_a_dead_consumer_had_popped);
     return 0;
 }

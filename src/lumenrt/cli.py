@@ -37,6 +37,19 @@ def _build_parser() -> argparse.ArgumentParser:
             "recording machine, commit and configuration.",
         )
     )
+    from lumenrt.bench.engine_bench import add_arguments as add_engine_args
+
+    add_engine_args(
+        bench_sub.add_parser(
+            "engine",
+            help="the engine against raw ONNX Runtime sessions: throughput, overhead, architecture table",
+            description="Measure, in one run with the built-in models: SqueezeNet throughput through "
+            "the engine (2 workers) against 2 raw ONNX Runtime threads, the engine's batch-1 overhead "
+            "on digits_mlp (thread and process mode), and the queue_type x allocator_type table. "
+            "Prints a table (or JSON rows with --json) and writes a result file recording machine, "
+            "commit and configuration.",
+        )
+    )
     return parser
 
 
@@ -50,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lumenrt.bench.queues import run_from_args
 
         return run_from_args(args)
+    if args.command == "bench" and args.bench_command == "engine":
+        from lumenrt.bench.engine_bench import run_from_args as run_engine_bench
+
+        return run_engine_bench(args)
     return 2
 
 

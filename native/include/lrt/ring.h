@@ -89,6 +89,25 @@ int lrt_ring_pop_many(lrt_ring *r, lrt_desc *out, int max_n, int64_t timeout_ns)
  * simply goes on. Per handle, not shared. */
 void lrt_ring_set_interruptible(lrt_ring *r, int on);
 
+/* A per-consumer record of the descriptors it has popped and not finished, kept in memory that a
+ * supervisor can read after the consumer dies (shared memory). lrt_ring_pop_many_hold() writes
+ * each popped descriptor to entries[pos % capacity] (and advances pos) BEFORE the ring gives the
+ * cell up, so at every instant a popped descriptor is either still claimed in the ring (reported by
+ * lrt_ring_recover) or in the hold: a consumer killed anywhere cannot take a request silently.
+ * The consumer marks an entry finished by setting its request_id to LRT_HOLD_DONE. One writer. */
+#define LRT_HOLD_DONE UINT64_MAX
+typedef struct lrt_hold {
+    uint32_t capacity; /* entries; the consumer keeps fewer than this many unfinished at once */
+    uint32_t pos;      /* next entry to write (mod capacity) */
+    uint8_t pad_[56];
+    lrt_desc entries[];
+} lrt_hold;
+size_t lrt_hold_required_bytes(uint32_t capacity);
+void lrt_hold_init(lrt_hold *h, uint32_t capacity); /* every entry LRT_HOLD_DONE */
+
+/* lrt_ring_pop_many, recording each popped descriptor in `hold` first (see lrt_hold). */
+int lrt_ring_pop_many_hold(lrt_ring *r, lrt_desc *out, int max_n, int64_t timeout_ns, lrt_hold *hold);
+
 /* Refuse further pushes and wake every waiter. Elements already in the ring can still be popped;
  * once it is drained, pops return LRT_CLOSED. Idempotent. */
 void lrt_ring_close(lrt_ring *r);

@@ -9,9 +9,11 @@ the batch is carried over to start the next one, so every request runs whole.
 
 import time
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
-from lumenrt.engine.request import InferRequest, RequestTable
 from lumenrt.native import Item, Ring
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,47 +23,66 @@ class BatchPolicy:
     preferred_rows: frozenset[int] = frozenset()
 
 
-class Batcher:
-    def __init__(self, ring: Ring, table: RequestTable, policy: BatchPolicy) -> None:
-        self._ring = ring
-        self._table = table
-        self._policy = policy
-        self._carry: list[Item] = []  # taken from the ring but not fitting the last batch
+class Source(Protocol[T]):
+    def take(self, max_n: int, timeout_s: float | None) -> list[T]:
+        """Up to max_n requests; timeout None blocks for at least one (RingClosed when drained)."""
+        ...
 
-    def next_batch(self) -> list[InferRequest]:
+    def rows(self, request: T) -> int: ...
+
+    def waiting(self) -> int: ...
+
+
+class RingSource:
+    """Requests straight from a ring (thread mode): the item's aux0 is its row count."""
+
+    def __init__(self, ring: Ring) -> None:
+        self._ring = ring
+
+    def take(self, max_n: int, timeout_s: float | None) -> list[Item]:
+        return self._ring.pop_many(max_n, timeout_s=timeout_s)
+
+    def rows(self, request: Item) -> int:
+        return request.aux0
+
+    def waiting(self) -> int:
+        return len(self._ring)
+
+
+class Batcher(Generic[T]):
+    def __init__(self, source: Source[T], policy: BatchPolicy) -> None:
+        self._source = source
+        self._policy = policy
+        self._carry: list[T] = []  # taken from the ring but not fitting the last batch
+
+    def next_batch(self) -> list[T]:
         """Blocks for the first request; raises RingClosed once the ring is closed and drained."""
-        policy, records = self._policy, self._table.records
-        if self._carry:
-            first = self._carry.pop(0)
-        else:
-            popped = self._ring.pop()
-            assert popped is not None  # pop() without timeout returns an item or raises
-            first = popped
+        policy, source = self._policy, self._source
+        first = self._carry.pop(0) if self._carry else source.take(1, None)[0]
         t_first_ns = time.monotonic_ns()
-        batch = [records[first.request_id]]
-        rows = first.aux0
-        while self._carry and rows + self._carry[0].aux0 <= policy.max_rows:
+        batch = [first]
+        rows = source.rows(first)
+        while self._carry and rows + source.rows(self._carry[0]) <= policy.max_rows:
             item = self._carry.pop(0)
-            batch.append(records[item.request_id])
-            rows += item.aux0
+            batch.append(item)
+            rows += source.rows(item)
         if rows >= policy.max_rows or self._carry:
             return batch
         deadline_ns = t_first_ns + policy.max_queue_delay_ns
         while rows < policy.max_rows:
-            now_ns = time.monotonic_ns()
-            wait_s = (deadline_ns - now_ns) / 1e9
-            if wait_s <= 0 or (rows in policy.preferred_rows and len(self._ring) == 0):
-                more = self._ring.pop_many(policy.max_rows - rows, timeout_s=0)
+            wait_s = (deadline_ns - time.monotonic_ns()) / 1e9
+            if wait_s <= 0 or (rows in policy.preferred_rows and source.waiting() == 0):
+                more = source.take(policy.max_rows - rows, 0)
                 if not more:
                     break
             else:
-                more = self._ring.pop_many(policy.max_rows - rows, timeout_s=wait_s)
+                more = source.take(policy.max_rows - rows, wait_s)
             for item in more:  # each item has >= 1 row, so some may not fit: carry them over
-                if rows + item.aux0 > policy.max_rows:
+                if rows + source.rows(item) > policy.max_rows:
                     self._carry.append(item)
                 else:
-                    batch.append(records[item.request_id])
-                    rows += item.aux0
+                    batch.append(item)
+                    rows += source.rows(item)
             if self._carry:
                 break
         return batch

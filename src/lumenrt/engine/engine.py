@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lumenrt.backends.base import Placement, get_backend
+from lumenrt.engine.process_runtime import ProcessModelRuntime
 from lumenrt.engine.repository import ModelNotFound, ModelRepository
 from lumenrt.engine.request import Array, EngineError, InferRequest, ModelNotReady, StageTimes
 from lumenrt.engine.runtime import ModelRuntime, RuntimeOptions
@@ -31,6 +32,7 @@ from lumenrt.native import (
     ring_required_bytes,
 )
 
+AnyRuntime = ModelRuntime | ProcessModelRuntime
 COMPLETION_CAPACITY = 1 << 16  # async completions in flight at once across all models (guessed ample)
 
 
@@ -105,11 +107,9 @@ class Engine:
             repository = ensure_builtin_repository()
         self.repository = ModelRepository(Path(repository))
         settings = settings or EngineConfig()
-        if settings.worker_mode != "thread":
-            raise NotImplementedError("worker_mode 'process' is not implemented yet; use 'thread'")
         self.settings = settings
-        self._runtimes: dict[str, dict[int, ModelRuntime]] = {}
-        self._by_id: list[ModelRuntime] = []
+        self._runtimes: dict[str, dict[int, AnyRuntime]] = {}
+        self._by_id: list[AnyRuntime] = []
         self._async: _AsyncCompletions | None = None
         self.closed = False
         names = models if models is not None else [m.name for m in self.repository.index()]
@@ -125,12 +125,13 @@ class Engine:
     def load(self, name: str) -> None:
         """Load (or reload) every version the model's version policy selects."""
         loaded = self.repository.load(name)
-        fresh: dict[int, ModelRuntime] = {}
+        fresh: dict[int, AnyRuntime] = {}
+        runtime_class = ProcessModelRuntime if self.settings.worker_mode == "process" else ModelRuntime
         try:
             for lm in loaded:
                 n = lm.config.instance_group.count or self.settings.thread_count or len(self.settings.cores)
                 cores = lm.config.instance_group.cores or self.settings.cores
-                runtime = ModelRuntime(
+                runtime = runtime_class(
                     config=lm.config,
                     version=lm.version,
                     model_path=lm.model_path,
@@ -166,7 +167,7 @@ class Engine:
     def models(self) -> list[str]:
         return sorted(self._runtimes)
 
-    def runtime(self, name: str, version: int | None = None) -> ModelRuntime:
+    def runtime(self, name: str, version: int | None = None) -> "AnyRuntime":
         versions = self._runtimes.get(name)
         if not versions:
             raise ModelNotFound(
@@ -247,7 +248,7 @@ class Engine:
         try:
             await future
         except asyncio.CancelledError:
-            req.cancelled = True  # the worker skips it if not started; _resolve releases it
+            rt.cancel(req)  # the worker skips it if not started; _resolve releases it
             raise
         return self._finish(rt, req)
 
@@ -260,7 +261,7 @@ class Engine:
             return
         future.set_result(None)
 
-    def _finish(self, rt: ModelRuntime, req: InferRequest) -> InferResult:
+    def _finish(self, rt: "AnyRuntime", req: InferRequest) -> InferResult:
         try:
             if req.error is not None:
                 raise req.error

@@ -76,6 +76,9 @@ class InferRequest:
     on_done: Any = None  # callable(request) run by the worker at completion instead of done.set()
     future: Any = None  # asyncio.Future of an infer_async caller
     model_id: int = 0  # which runtime's table this record belongs to (for async completions)
+    generation: int = 0  # process mode: bumped at each use, so a late notice cannot hit a new request
+    finished: bool = False  # process mode: completed once (notices after that are ignored)
+    slot: int = -1  # process mode: the arena slot holding its tensors
 
     def reset(self) -> None:
         self.inputs = {}
@@ -87,6 +90,8 @@ class InferRequest:
         self.times = StageTimes()
         self.on_done = None
         self.future = None
+        self.finished = False
+        self.slot = -1
         self.done.clear()
 
     def complete(self) -> None:

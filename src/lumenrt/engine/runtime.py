@@ -182,6 +182,9 @@ class ModelRuntime:
             self.arena_fallbacks += 1
         return {name: np.array(a, copy=True) for name, a in arrays.items()}
 
+    def cancel(self, req: InferRequest) -> None:
+        req.cancelled = True
+
     def release(self, req: InferRequest) -> None:
         slot = self._slots.pop(req.index, None)
         if slot is not None and self.pool is not None:

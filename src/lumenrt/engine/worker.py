@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from lumenrt.backends.base import Backend, BackendSession, Placement
-from lumenrt.engine.batcher import Batcher, BatchPolicy
+from lumenrt.engine.batcher import Batcher, BatchPolicy, RingSource
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.request import (
     Array,
@@ -63,6 +63,41 @@ def zeros_for(config: ModelConfig, rows: int) -> dict[str, Array]:
     return out
 
 
+def batch_policy(config: ModelConfig) -> BatchPolicy:
+    db = config.dynamic_batching
+    if db is None or config.max_batch_size == 0:  # no dynamic batching: every request runs alone
+        return BatchPolicy(max_rows=1 if config.max_batch_size == 0 else config.max_batch_size)
+    return BatchPolicy(
+        max_rows=config.max_batch_size,
+        max_queue_delay_ns=db.max_queue_delay_us * 1000,
+        preferred_rows=frozenset(db.preferred_batch_size),
+    )
+
+
+def batch_buffers(config: ModelConfig) -> dict[str, Array]:
+    """Pre-allocated batch buffers for inputs of fixed shape (variable ones are concatenated)."""
+    if config.max_batch_size == 0:
+        return {}
+    return {
+        spec.name: np.empty((config.max_batch_size, *spec.dims), dtype=numpy_dtype(spec.datatype))
+        for spec in config.inputs
+        if all(d > 0 for d in spec.dims) and spec.datatype != "BYTES"
+    }
+
+
+def gather(config: ModelConfig, buffers: dict[str, Array], parts: list[dict[str, Array]]) -> dict[str, Array]:
+    """Concatenate several requests' inputs row-wise, into the batch buffers where possible."""
+    rows = sum(int(next(iter(p.values())).shape[0]) for p in parts)
+    gathered: dict[str, Array] = {}
+    for spec in config.inputs:
+        arrays = [p[spec.name] for p in parts]
+        buffer = buffers.get(spec.name)
+        gathered[spec.name] = (
+            np.concatenate(arrays, out=buffer[:rows]) if buffer is not None else np.concatenate(arrays)
+        )
+    return gathered
+
+
 class ThreadWorker:
     def __init__(
         self,
@@ -87,27 +122,9 @@ class ThreadWorker:
         self._ring = ring
         self._table = table
         self._pin = pin
-        max_rows = max(config.max_batch_size, 1)
-        db = config.dynamic_batching
-        self._policy = BatchPolicy(
-            max_rows=max_rows if db is not None else 1 if config.max_batch_size == 0 else max_rows,
-            max_queue_delay_ns=(db.max_queue_delay_us * 1000) if db else 0,
-            preferred_rows=frozenset(db.preferred_batch_size) if db else frozenset(),
-        )
-        if db is None:  # no dynamic batching: every request runs alone
-            self._policy = BatchPolicy(max_rows=1)
-        self._buffers = self._batch_buffers(max_rows)
+        self._policy = batch_policy(config)
+        self._buffers = batch_buffers(config)
         self._thread = threading.Thread(target=self._run, name=f"lumenrt-{config.name}-w{index}", daemon=True)
-
-    def _batch_buffers(self, max_rows: int) -> dict[str, Array]:
-        """Pre-allocated batch buffers for inputs of fixed shape (variable ones are concatenated)."""
-        if self.config.max_batch_size == 0:
-            return {}
-        buffers: dict[str, Array] = {}
-        for spec in self.config.inputs:
-            if all(d > 0 for d in spec.dims) and spec.datatype != "BYTES":
-                buffers[spec.name] = np.empty((max_rows, *spec.dims), dtype=numpy_dtype(spec.datatype))
-        return buffers
 
     def start(self) -> None:
         self._thread.start()
@@ -131,14 +148,15 @@ class ThreadWorker:
             self.ready.set()
             return
         self.ready.set()
-        batcher = Batcher(self._ring, self._table, self._policy)
+        batcher = Batcher(RingSource(self._ring), self._policy)
+        records = self._table.records
         try:
             while True:
                 try:
-                    batch = batcher.next_batch()
+                    items = batcher.next_batch()
                 except RingClosed:
                     break
-                self._execute(session, batch)
+                self._execute(session, [records[item.request_id] for item in items])
         finally:
             session.close()
 
@@ -197,16 +215,7 @@ class ThreadWorker:
         stats.batch_rows[rows] = stats.batch_rows.get(rows, 0) + 1
 
     def _gather(self, live: list[InferRequest]) -> dict[str, Array]:
-        rows = sum(r.rows for r in live)
-        gathered: dict[str, Array] = {}
-        for spec in self.config.inputs:
-            parts = [r.inputs[spec.name] for r in live]
-            buffer = self._buffers.get(spec.name)
-            if buffer is not None:
-                gathered[spec.name] = np.concatenate(parts, out=buffer[:rows])
-            else:
-                gathered[spec.name] = np.concatenate(parts)
-        return gathered
+        return gather(self.config, self._buffers, [r.inputs for r in live])
 
     def _fail(self, req: InferRequest, error: EngineError) -> None:
         req.error = error

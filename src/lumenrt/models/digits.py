@@ -119,7 +119,9 @@ def write(model_dir: Path) -> dict[str, Any]:
             {"name": PROBABILITIES, "datatype": "FP32", "dims": [NUM_CLASSES]},
             {"name": LABEL, "datatype": "INT64", "dims": []},
         ],
-        "dynamic_batching": {"max_queue_delay_us": 100},
+        "dynamic_batching": {
+            "max_queue_delay_us": 0
+        },  # batch what is queued: a wait costs more than this model computes
         "parameters": {
             "training": {
                 "dataset": "sklearn.datasets.load_digits (75/25 stratified split, random_state 0)",

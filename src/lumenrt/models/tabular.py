@@ -68,7 +68,9 @@ def write(model_dir: Path) -> dict[str, Any]:
         "max_batch_size": 64,
         "input": [{"name": INPUT_NAME, "datatype": "FP32", "dims": [NUM_FEATURES]}],
         "output": [{"name": OUTPUT_NAME, "datatype": "FP32", "dims": []}],
-        "dynamic_batching": {"max_queue_delay_us": 100},
+        "dynamic_batching": {
+            "max_queue_delay_us": 0
+        },  # batch what is queued: a wait costs more than this model computes
         "parameters": {
             "xgboost": {"predictor": "onnx"},
             "training": {

@@ -11,8 +11,11 @@ same ring or pool serves threads of one process and processes sharing a shared-m
 In another process, ``Ring.attach(Region.attach_shm(name), offset)`` maps the same ring.
 """
 
+import numpy as np
+
 from lumenrt.native._core import (
     CACHELINE,
+    HOLD_DONE,
     MAX_AGENTS,
     NOTIFIER_BYTES,
     BumpArena,
@@ -25,6 +28,8 @@ from lumenrt.native._core import (
     RingClosed,
     SlabPool,
     bump_required_bytes,
+    hold_init,
+    hold_required_bytes,
     now_ns,
     process_alive,
     ring_required_bytes,
@@ -42,8 +47,27 @@ def make_ring(kind: str, capacity: int, *, shared: bool = True, spin_iters: int 
     return Ring.create(region, kind, capacity, shared=shared, spin_iters=spin_iters)
 
 
+# The lrt_desc layout (native/include/lrt/common.h) as a numpy dtype, for reading a hold.
+DESC_DTYPE = np.dtype(
+    [
+        ("request_id", "<u8"),
+        ("slot", "<u4"),
+        ("nbytes", "<u4"),
+        ("t_ns", "<u8"),
+        ("aux0", "<u8"),
+        ("aux1", "<u8"),
+        ("aux2", "<u8"),
+        ("kind", "<u4"),
+        ("flags", "<u4"),
+    ]
+)
+HOLD_HEADER_BYTES = 64
+
 __all__ = [
     "CACHELINE",
+    "DESC_DTYPE",
+    "HOLD_DONE",
+    "HOLD_HEADER_BYTES",
     "MAX_AGENTS",
     "NOTIFIER_BYTES",
     "RING_KINDS",
@@ -61,6 +85,8 @@ __all__ = [
     "bump_required_bytes",
     "clean_stale",
     "create_shared",
+    "hold_init",
+    "hold_required_bytes",
     "leftover_segments",
     "make_ring",
     "now_ns",

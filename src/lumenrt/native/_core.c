@@ -423,21 +423,25 @@ static void ring_dealloc(RingObject *self) {
     PyObject_Free(self);
 }
 
-static const char *const PUSH_NAMES[] = {"request_id", "slot", "nbytes", "t_ns", "aux0", "kind", "timeout_s"};
+static const char *const PUSH_NAMES[] = {"request_id", "slot", "nbytes", "t_ns", "aux0",
+                                         "aux1",       "aux2", "kind",   "timeout_s"};
+#define N_DESC_ARGS 8
 
 static int desc_from_args(PyObject **a, lrt_desc *d) {
     memset(d, 0, sizeof *d);
     if (as_u64(a[0], &d->request_id, "request_id") < 0 || as_u32(a[1], &d->slot, "slot") < 0 ||
         as_u32(a[2], &d->nbytes, "nbytes") < 0 || as_u64(a[3], &d->t_ns, "t_ns") < 0 ||
-        as_u64(a[4], &d->aux[0], "aux0") < 0 || as_u32(a[5], &d->kind, "kind") < 0)
+        as_u64(a[4], &d->aux[0], "aux0") < 0 || as_u64(a[5], &d->aux[1], "aux1") < 0 ||
+        as_u64(a[6], &d->aux[2], "aux2") < 0 || as_u32(a[7], &d->kind, "kind") < 0)
         return -1;
     return 0;
 }
 
 static PyObject *ring_try_push(RingObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *a[6];
+    PyObject *a[N_DESC_ARGS];
     lrt_desc d;
-    if (parse(args, nargs, kwnames, PUSH_NAMES, 6, 1, a, "try_push") < 0 || desc_from_args(a, &d) < 0) return NULL;
+    if (parse(args, nargs, kwnames, PUSH_NAMES, N_DESC_ARGS, 1, a, "try_push") < 0 || desc_from_args(a, &d) < 0)
+        return NULL;
     int rc = lrt_ring_try_push(self->r, &d);
     if (rc == LRT_OK) Py_RETURN_TRUE;
     if (rc == LRT_FULL) Py_RETURN_FALSE;
@@ -468,11 +472,11 @@ static int wait_released(RingObject *self, wait_fn fn, void *arg, int64_t timeou
 static int push_fn(RingObject *self, void *arg, int64_t ns) { return lrt_ring_push(self->r, arg, ns); }
 
 static PyObject *ring_push(RingObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *a[7];
+    PyObject *a[N_DESC_ARGS + 1];
     lrt_desc d;
     int64_t timeout_ns;
-    if (parse(args, nargs, kwnames, PUSH_NAMES, 7, 1, a, "push") < 0 || desc_from_args(a, &d) < 0 ||
-        as_timeout_ns(a[6], &timeout_ns) < 0)
+    if (parse(args, nargs, kwnames, PUSH_NAMES, N_DESC_ARGS + 1, 1, a, "push") < 0 || desc_from_args(a, &d) < 0 ||
+        as_timeout_ns(a[N_DESC_ARGS], &timeout_ns) < 0)
         return NULL;
     int rc = lrt_ring_try_push(self->r, &d);
     if (rc == LRT_FULL && timeout_ns != 0) {
@@ -571,6 +575,67 @@ static PyObject *ring_pop_many(RingObject *self, PyObject *const *args, Py_ssize
     return list;
 }
 
+typedef struct {
+    lrt_desc *out;
+    int max_n;
+    int got;
+    lrt_hold *hold;
+} pop_hold_arg;
+
+static int pop_hold_fn(RingObject *self, void *arg, int64_t ns) {
+    pop_hold_arg *p = arg;
+    int n = lrt_ring_pop_many_hold(self->r, p->out, p->max_n, ns, p->hold);
+    if (n > 0) {
+        p->got = n;
+        return LRT_OK;
+    }
+    return n;
+}
+
+static const char *const POP_HOLD_NAMES[] = {"max_n", "hold", "hold_offset", "timeout_s"};
+
+/* pop_many_hold(max_n, hold, hold_offset=0, timeout_s=None) -> (list[Item], first_position) */
+static PyObject *ring_pop_many_hold(RingObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *a[4];
+    int64_t timeout_ns;
+    if (parse(args, nargs, kwnames, POP_HOLD_NAMES, 4, 2, a, "pop_many_hold") < 0 || as_timeout_ns(a[3], &timeout_ns) < 0)
+        return NULL;
+    Py_ssize_t max_n = PyLong_AsSsize_t(a[0]);
+    if (max_n == -1 && PyErr_Occurred()) return NULL;
+    if (max_n <= 0 || max_n > POP_CHUNK) return PyErr_Format(PyExc_ValueError, "max_n must be in [1, %d]", POP_CHUNK);
+    Py_ssize_t offset = a[2] ? PyLong_AsSsize_t(a[2]) : 0;
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    char *base;
+    size_t avail;
+    if (get_window(a[1], offset, &view, &base, &avail) < 0) return NULL;
+    lrt_hold *hold = (lrt_hold *)base;
+    if (avail < sizeof(lrt_hold) || hold->capacity == 0 || avail < lrt_hold_required_bytes(hold->capacity)) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "hold: no initialised hold at offset %zd", offset);
+    }
+    lrt_desc buf[POP_CHUNK];
+    uint32_t first_pos = hold->pos;
+    pop_hold_arg p = {buf, (int)max_n, 0, hold};
+    int rc = pop_hold_fn(self, &p, 0);
+    if (rc == LRT_EMPTY && timeout_ns != 0) rc = wait_released(self, pop_hold_fn, &p, timeout_ns, 1);
+    PyBuffer_Release(&view);
+    if (rc == 1) return NULL;
+    if (rc == LRT_EMPTY || rc == LRT_TIMEOUT) return Py_BuildValue("([]I)", first_pos);
+    if (rc != LRT_OK) return raise_rc(rc, "pop_many_hold");
+    PyObject *list = PyList_New(p.got);
+    for (int i = 0; list && i < p.got; i++) {
+        PyObject *it = item_new(&buf[i]);
+        if (!it) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, it);
+    }
+    if (!list) return NULL;
+    return Py_BuildValue("(NI)", list, first_pos);
+}
+
 static PyObject *ring_close(RingObject *self, PyObject *unused) {
     lrt_ring_close(self->r);
     Py_RETURN_NONE;
@@ -616,14 +681,17 @@ static PyMethodDef ring_methods[] = {
     {"attach", (PyCFunction)(void (*)(void))ring_attach, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "attach(buffer, offset=0) -> Ring: use a ring created in buffer[offset:] (possibly by another process)."},
     {"try_push", (PyCFunction)(void (*)(void))ring_try_push, METH_FASTCALL | METH_KEYWORDS,
-     "try_push(request_id, slot=0, nbytes=0, t_ns=0, aux0=0, kind=0) -> bool: False if full. RingClosed if closed."},
+     "try_push(request_id, slot=0, nbytes=0, t_ns=0, aux0=0, aux1=0, aux2=0, kind=0) -> bool: False if full."},
     {"push", (PyCFunction)(void (*)(void))ring_push, METH_FASTCALL | METH_KEYWORDS,
-     "push(request_id, slot=0, nbytes=0, t_ns=0, aux0=0, kind=0, timeout_s=None) -> bool: False on timeout."},
+     "push(request_id, slot=0, nbytes=0, t_ns=0, aux0=0, aux1=0, aux2=0, kind=0, timeout_s=None) -> bool"},
     {"try_pop", (PyCFunction)ring_try_pop, METH_NOARGS, "try_pop() -> Item | None. RingClosed once closed and drained."},
     {"pop", (PyCFunction)(void (*)(void))ring_pop, METH_FASTCALL | METH_KEYWORDS,
      "pop(timeout_s=None) -> Item | None (None on timeout). RingClosed once closed and drained."},
     {"pop_many", (PyCFunction)(void (*)(void))ring_pop_many, METH_FASTCALL | METH_KEYWORDS,
      "pop_many(max_n, timeout_s=None) -> list[Item]: wait for one, then take up to max_n available ([] on timeout)."},
+    {"pop_many_hold", (PyCFunction)(void (*)(void))ring_pop_many_hold, METH_FASTCALL | METH_KEYWORDS,
+     "pop_many_hold(max_n, hold, hold_offset=0, timeout_s=None) -> (list[Item], first_position)\n"
+     "pop_many that records each Item in the hold at hold[hold_offset:] before the ring lets it go."},
     {"close", (PyCFunction)ring_close, METH_NOARGS, "Refuse pushes, wake all waiters; pops drain what is left."},
     {"recover", (PyCFunction)ring_recover, METH_NOARGS,
      "Repair after dead processes; returns the Items that dead consumers had taken but not finished."},
@@ -1101,6 +1169,30 @@ static PyObject *m_process_alive(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "i|K", &pid, &st)) return NULL;
     return PyBool_FromLong(lrt_process_alive(pid, st));
 }
+static PyObject *m_hold_required_bytes(PyObject *m, PyObject *arg) {
+    unsigned long cap = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (cap == 0 || cap > (1u << 20)) return PyErr_Format(PyExc_ValueError, "hold capacity must be in [1, 2**20]");
+    return PyLong_FromSize_t(lrt_hold_required_bytes((uint32_t)cap));
+}
+static PyObject *m_hold_init(PyObject *m, PyObject *args) {
+    PyObject *buf;
+    Py_ssize_t offset;
+    unsigned int cap;
+    if (!PyArg_ParseTuple(args, "OnI", &buf, &offset, &cap)) return NULL;
+    if (cap == 0 || cap > (1u << 20)) return PyErr_Format(PyExc_ValueError, "hold capacity must be in [1, 2**20]");
+    Py_buffer view;
+    char *base;
+    size_t avail;
+    if (get_window(buf, offset, &view, &base, &avail) < 0) return NULL;
+    if (avail < lrt_hold_required_bytes(cap)) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "hold of %u entries needs %zu bytes", cap, lrt_hold_required_bytes(cap));
+    }
+    lrt_hold_init((lrt_hold *)base, cap);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
 static PyObject *m_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(lrt_now_ns()); }
 
 static PyMethodDef module_methods[] = {
@@ -1111,6 +1203,8 @@ static PyMethodDef module_methods[] = {
      "clean_stale_shm(prefix) -> names unlinked: segments prefix* whose owner process is gone"},
     {"unlink_shm", m_unlink_shm, METH_O, "unlink_shm(name) -> bool: unlink by name (False if absent)"},
     {"process_alive", m_process_alive, METH_VARARGS, "process_alive(pid, starttime=0) -> bool (zombies are dead)"},
+    {"hold_required_bytes", m_hold_required_bytes, METH_O, "hold_required_bytes(capacity) -> bytes"},
+    {"hold_init", m_hold_init, METH_VARARGS, "hold_init(buffer, offset, capacity): every entry finished"},
     {"now_ns", m_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (same clock as time.monotonic_ns)"},
     {NULL}};
 
@@ -1136,7 +1230,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyModule_AddObjectRef(m, "Notifier", (PyObject *)&NotifierType) < 0 ||
         PyModule_AddIntConstant(m, "NOTIFIER_BYTES", LRT_NOTIFIER_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_AGENTS", LRT_MAX_AGENTS) < 0 ||
-        PyModule_AddIntConstant(m, "CACHELINE", LRT_CACHELINE) < 0) {
+        PyModule_AddIntConstant(m, "CACHELINE", LRT_CACHELINE) < 0 ||
+        PyModule_AddObjectRef(m, "HOLD_DONE", PyLong_FromUnsignedLongLong(LRT_HOLD_DONE)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,0 +1,403 @@
+"""Process mode: one loaded model version served by worker processes over shared memory.
+
+One named segment per model holds the request ring, the completion ring, the arena (one slot per
+request: inputs in, outputs out), one hold per worker, a cancel flag per request record and a
+status table. Threads in the engine process:
+  - callers (ingress): validate, copy inputs into a slot (the one copy), push the descriptor;
+  - the completion thread: the only one that completes requests; it copies outputs out of the
+    slot, frees it, and ignores duplicate notices (generation + finished flag);
+  - the monitor: when a worker process dies, it reports what it held (its hold, and any claim
+    the ring recovers) to the completion ring as WORKER_DIED notices, then starts a replacement;
+    the model is not ready until the replacement is.
+
+Shutdown order
+  1. closed = True (ingress refuses), close the request ring;
+  2. workers drain the ring and exit; join them (kill after the grace period);
+  3. stop the monitor; close the completion ring; the completion thread drains and ends;
+  4. unlink the segment (owner).
+"""
+
+import multiprocessing
+import multiprocessing.connection
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lumenrt.backends.base import Placement
+from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.process_worker import (
+    CANCELLED,
+    FAILED,
+    FROM_SUPERVISOR,
+    OK,
+    READY,
+    STATUS_COLS,
+    TIMED_OUT,
+    WORKER_DIED,
+    WorkerSpec,
+    worker_main,
+)
+from lumenrt.engine.request import (
+    EngineError,
+    InferRequest,
+    ModelNotReady,
+    QueueFull,
+    RequestCancelled,
+    RequestTable,
+    RequestTimeout,
+    WorkerDied,
+)
+from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity
+from lumenrt.engine.slot_layout import (
+    SlotTooSmall,
+    header,
+    read_error,
+    read_tensors,
+    slot_bytes_needed,
+    write_inputs,
+)
+from lumenrt.engine.validate import validate_inputs
+from lumenrt.native import (
+    DESC_DTYPE,
+    HOLD_DONE,
+    HOLD_HEADER_BYTES,
+    Layout,
+    Ring,
+    RingClosed,
+    SlabPool,
+    create_shared,
+    hold_init,
+    hold_required_bytes,
+    ring_required_bytes,
+    slab_required_bytes,
+)
+
+ARENA_BUDGET_BYTES = 256 << 20  # per model; guessed: bounds /dev/shm use for big-input models
+SPAWN = multiprocessing.get_context("spawn")  # workers start clean: no inherited threads or locks
+
+
+class ProcessModelRuntime:
+    def __init__(
+        self,
+        *,
+        config: ModelConfig,
+        version: int,
+        model_path: Path,
+        backend: Any,
+        placements: list[Placement],
+        options: RuntimeOptions,
+    ) -> None:
+        self.config, self.version, self.options = config, version, options
+        self.model_id = 0
+        self._model_path, self._placements = model_path, placements
+        db = config.dynamic_batching
+        self._max_queue = db.max_queue_size if db is not None else 1024
+        max_rows = max(config.max_batch_size, 1)
+        table_size = self._max_queue + 2 * max_rows * len(placements)
+        self.table = RequestTable(table_size)
+        slot_bytes = max(slot_bytes_needed(config, max_rows) or options.arena_slot_bytes, 4096)
+        n_slots = max(1, min(table_size, options.arena_slots, ARENA_BUDGET_BYTES // slot_bytes))
+        self._hold_capacity = 4 * max_rows + 16  # unfinished at once <= a batch + its carry-over
+        hold_bytes = (hold_required_bytes(self._hold_capacity) + 63) & ~63
+        n = len(placements)
+        lay = Layout()
+        ring_cap = _ring_capacity(self._max_queue)
+        comp_cap = _ring_capacity(2 * table_size)
+        offsets = {
+            "requests": lay.add(ring_required_bytes(ring_cap)),
+            "completions": lay.add(ring_required_bytes(comp_cap)),
+            "holds": lay.add(hold_bytes * n),
+            "cancel": lay.add(table_size),
+            "status": lay.add(n * STATUS_COLS * 8),
+            "pool": lay.add(slab_required_bytes(slot_bytes, n_slots), align=4096),
+        }
+        self.region = create_shared(lay.size_bytes, tag=f"model-{config.name}"[:60])
+        self.ring = Ring.create(self.region, options.queue_type, ring_cap, offset=offsets["requests"])
+        self._completions = Ring.create(self.region, "mpmc", comp_cap, offset=offsets["completions"])
+        self.pool = SlabPool.create(self.region, slot_bytes, n_slots, offset=offsets["pool"])
+        for i in range(n):
+            hold_init(self.region, offsets["holds"] + i * hold_bytes, self._hold_capacity)
+        self._cancel = np.ndarray(
+            table_size, np.uint8, buffer=memoryview(self.region), offset=offsets["cancel"]
+        )
+        self._status = np.ndarray(
+            (n, STATUS_COLS), np.int64, buffer=memoryview(self.region), offset=offsets["status"]
+        )
+        self._status[:] = 0
+        self._holds = [
+            np.ndarray(
+                self._hold_capacity,
+                DESC_DTYPE,
+                buffer=memoryview(self.region),
+                offset=offsets["holds"] + i * hold_bytes + HOLD_HEADER_BYTES,
+            )
+            for i in range(n)
+        ]
+        self._specs = [
+            WorkerSpec(
+                shm_name=str(self.region.name),
+                offsets=offsets,
+                config=config,
+                model_path=model_path,
+                placement=p,
+                index=i,
+                n_workers=n,
+                pin=options.pin,
+                hold_capacity=self._hold_capacity,
+                hold_bytes=hold_bytes,
+                table_size=table_size,
+            )
+            for i, p in enumerate(placements)
+        ]
+        self._procs: list[Any] = [None] * n
+        self._stop_r, self._stop_w = multiprocessing.Pipe(duplex=False)
+        self._completer = threading.Thread(
+            target=self._complete_loop, name=f"lumenrt-{config.name}-done", daemon=True
+        )
+        self._monitor = threading.Thread(
+            target=self._monitor_loop, name=f"lumenrt-{config.name}-monitor", daemon=True
+        )
+        self.closed = False
+        self.rejected = 0
+        self.worker_deaths = 0
+        self.replacing = 0
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def _spawn(self, i: int) -> None:
+        self._status[i, :2] = (0, 0)
+        proc = SPAWN.Process(
+            target=worker_main, args=(self._specs[i],), name=f"lumenrt-{self.config.name}-w{i}", daemon=True
+        )
+        proc.start()
+        self._procs[i] = proc
+
+    def _wait_ready(self, i: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._status[i, 1] != READY:
+            if not self._procs[i].is_alive():
+                raise EngineError(
+                    f"model {self.config.name!r}: worker {i} exited while loading (exit code {self._procs[i].exitcode})"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"model {self.config.name!r}: worker {i} did not load within {timeout_s} s"
+                )
+            time.sleep(0.005)
+
+    def start(self, timeout_s: float = 120) -> None:
+        try:
+            for i in range(len(self._specs)):
+                self._spawn(i)
+            for i in range(len(self._specs)):
+                self._wait_ready(i, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self._completer.start()
+        self._monitor.start()
+
+    @property
+    def ready(self) -> bool:
+        return (
+            not self.closed
+            and self.replacing == 0
+            and all(p is not None and p.is_alive() for p in self._procs)
+            and bool(np.all(self._status[:, 1] == READY))
+        )
+
+    def close(self, timeout_s: float = 30) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.ring.close()
+        deadline = time.monotonic() + timeout_s
+        for p in self._procs:
+            if p is not None:
+                p.join(max(0.0, deadline - time.monotonic()))
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        self._stop_w.send(b"x")
+        if self._monitor.is_alive():
+            self._monitor.join(10)
+        self._completions.close()
+        if self._completer.is_alive():
+            self._completer.join(10)
+        self._fail_unfinished()
+        self._cancel = self._status = None  # type: ignore[assignment]
+        self._holds = []
+        del self.ring, self._completions, self.pool
+        self.region.close()
+
+    def _fail_unfinished(self) -> None:
+        for req in self.table.records:
+            if req.generation and not req.finished and req.times.enqueued_ns and not req.done.is_set():
+                req.finished = True
+                req.error = ModelNotReady(f"model {self.config.name!r} unloaded before the request ran")
+                req.complete()
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout_s: float | None = None,
+        on_done: Callable[[InferRequest], None] | None = None,
+    ) -> InferRequest:
+        received_ns = time.monotonic_ns()
+        if self.closed:
+            raise ModelNotReady(f"model {self.config.name!r} is unloading")
+        arrays, rows = validate_inputs(self.config, inputs)
+        req = self.table.acquire()
+        if req is None:
+            self.rejected += 1
+            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
+        slot = self.pool.try_alloc()
+        if slot is None:
+            self.table.release(req)
+            self.rejected += 1
+            raise QueueFull(
+                f"model {self.config.name!r}: arena full ({self.pool.n_slots} requests in flight)"
+            )
+        try:
+            write_inputs(self.pool.view(slot), arrays)  # the one copy
+        except SlotTooSmall as e:
+            self.pool.free(slot)
+            self.table.release(req)
+            from lumenrt.engine.request import InvalidInput
+
+            raise InvalidInput(f"model {self.config.name!r}: {e}") from None
+        req.generation += 1
+        req.slot = slot
+        req.rows = rows
+        req.on_done = on_done
+        req.times.received_ns = received_ns
+        self._cancel[req.index] = 0
+        db = self.config.dynamic_batching
+        if timeout_s is None and db is not None and db.default_timeout_us:
+            timeout_s = db.default_timeout_us / 1e6
+        if timeout_s is not None:
+            req.deadline_ns = received_ns + int(timeout_s * 1e9)
+        req.times.enqueued_ns = time.monotonic_ns()
+        try:
+            pushed = self.ring.try_push(
+                req.index, slot=slot, aux0=rows, aux1=req.generation, aux2=req.deadline_ns
+            )
+        except RingClosed:
+            pushed = False
+        if not pushed:
+            self.pool.free(slot)
+            self.table.release(req)
+            self.rejected += 1
+            if self.closed:
+                raise ModelNotReady(f"model {self.config.name!r} is unloading")
+            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
+        return req
+
+    def cancel(self, req: InferRequest) -> None:
+        req.cancelled = True
+        self._cancel[req.index] = 1
+
+    def release(self, req: InferRequest) -> None:
+        self.table.release(req)
+
+    # ---- completion and supervision (threads) ----------------------------------------------
+
+    def _complete_loop(self) -> None:
+        records = self.table.records
+        while True:
+            try:
+                items = self._completions.pop_many(64)
+            except RingClosed:
+                return
+            for item in items:
+                req = records[item.request_id]
+                if req.generation != item.aux1 or req.finished:
+                    continue  # a duplicate (worker pushed, then died before marking its hold)
+                req.finished = True
+                self._finish(req, item.aux0, item.kind == FROM_SUPERVISOR)
+
+    def _finish(self, req: InferRequest, code: int, from_supervisor: bool) -> None:
+        slot_view = self.pool.view(req.slot)
+        t = req.times
+        if not from_supervisor:
+            h = header(slot_view)
+            t.dequeued_ns = int(h["dequeued_ns"])
+            t.batch_formed_ns = t.compute_start_ns = int(h["compute_start_ns"])
+            t.compute_end_ns = int(h["compute_end_ns"])
+            t.batch_size = int(h["batch_rows"])
+        if code == OK:
+            req.outputs = {k: v.copy() for k, v in read_tensors(slot_view, self.config, outputs=True).items()}
+        elif code == TIMED_OUT:
+            waited_us = (t.dequeued_ns - t.enqueued_ns) // 1000
+            req.error = RequestTimeout(f"request timed out after {waited_us} us in the queue; not run")
+        elif code == CANCELLED:
+            req.error = RequestCancelled("request cancelled before it ran")
+        elif code == FAILED:
+            req.error = EngineError(read_error(slot_view))
+        else:
+            req.error = WorkerDied(
+                f"model {self.config.name!r}: the worker running this request died; it was not answered"
+            )
+        del slot_view
+        self.pool.free(req.slot)
+        req.slot = -1
+        t.completed_ns = time.monotonic_ns()
+        req.complete()
+
+    def _monitor_loop(self) -> None:
+        while True:
+            sentinels = {p.sentinel: i for i, p in enumerate(self._procs) if p is not None}
+            ready = multiprocessing.connection.wait([*sentinels, self._stop_r])
+            if self._stop_r in ready or self.closed:
+                return
+            for s in ready:
+                i = sentinels[s]
+                self._procs[i].join(1)
+                self._replace(i)
+
+    def _replace(self, i: int) -> None:
+        """Worker i died: report what it held, start another."""
+        self.worker_deaths += 1
+        self.replacing += 1
+        try:
+            notices = {(int(item.request_id), int(item.aux1)) for item in self.ring.recover()}
+            hold = self._holds[i]
+            for entry in hold[hold["request_id"] != HOLD_DONE]:
+                notices.add((int(entry["request_id"]), int(entry["aux1"])))
+            for index, generation in notices:
+                self._completions.push(index, aux0=WORKER_DIED, aux1=generation, kind=FROM_SUPERVISOR)
+            self._completions.recover()
+            hold["request_id"] = HOLD_DONE
+            if not self.closed:
+                self._spawn(i)
+                self._wait_ready(i, 120)
+        finally:
+            self.replacing -= 1
+
+    # ---- statistics -----------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "name": self.config.name,
+            "version": self.version,
+            "ready": self.ready,
+            "workers": len(self._specs),
+            "worker_mode": "process",
+            "queue_type": self.options.queue_type,
+            "allocator_type": "lumen_arena",
+            "requests": int(self._status[:, 2].sum()) if self._status is not None else 0,
+            "batches": int(self._status[:, 3].sum()) if self._status is not None else 0,
+            "infer_ns": int(self._status[:, 4].sum()) if self._status is not None else 0,
+            "rejected": self.rejected,
+            "worker_deaths": self.worker_deaths,
+            "arena": self.pool.stats() if not self.closed else None,
+            "ring": self.ring.stats() if not self.closed else None,
+            "pids": [int(p.pid) if p is not None and p.pid else 0 for p in self._procs],
+        }

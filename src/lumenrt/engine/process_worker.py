@@ -1,0 +1,145 @@
+"""Process-mode worker: one process per worker, attached to the model's shared-memory segment.
+
+It reads each request's inputs in place from its arena slot, writes the outputs into the same
+slot, and reports through the completion ring. Every request it pops is first recorded in its
+hold (in shared memory, by the ring itself) and marked done only after its completion was pushed,
+so the supervisor can fail exactly what a killed worker had taken.
+"""
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lumenrt.backends.base import Placement, get_backend
+from lumenrt.engine.batcher import Batcher
+from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
+from lumenrt.engine.worker import batch_buffers, batch_policy, gather, zeros_for
+from lumenrt.native import DESC_DTYPE, HOLD_DONE, HOLD_HEADER_BYTES, Item, Region, Ring, RingClosed, SlabPool
+
+# Completion statuses (descriptor aux0, and the slot header's status).
+OK, TIMED_OUT, CANCELLED, FAILED, WORKER_DIED = 0, 1, 2, 3, 4
+# Completion descriptor kinds.
+FROM_WORKER, FROM_SUPERVISOR = 0, 1
+# Worker states in the status table.
+STARTING, READY, EXITED = 0, 1, 2
+STATUS_COLS = 5  # pid, state, requests, batches, infer_ns (compute time of its batch, per request)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    shm_name: str
+    offsets: dict[str, int]
+    config: ModelConfig
+    model_path: Path
+    placement: Placement
+    index: int
+    n_workers: int
+    pin: bool
+    hold_capacity: int
+    hold_bytes: int
+    table_size: int
+
+
+class HeldSource:
+    """Pops through the worker's hold; a request is (item, hold position)."""
+
+    def __init__(self, ring: Ring, region: Region, hold_offset: int) -> None:
+        self._ring, self._region, self._hold_offset = ring, region, hold_offset
+
+    def take(self, max_n: int, timeout_s: float | None) -> list[tuple[Item, int]]:
+        items, first = self._ring.pop_many_hold(
+            min(max_n, 64), self._region, self._hold_offset, timeout_s=timeout_s
+        )
+        return [(item, first + k) for k, item in enumerate(items)]
+
+    def rows(self, request: tuple[Item, int]) -> int:
+        return request[0].aux0
+
+    def waiting(self) -> int:
+        return len(self._ring)
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    region = Region.attach_shm(spec.shm_name)
+    off = spec.offsets
+    requests = Ring.attach(region, off["requests"])
+    completions = Ring.attach(region, off["completions"])
+    pool = SlabPool.attach(region, off["pool"])
+    hold_offset = off["holds"] + spec.index * spec.hold_bytes
+    hold_ids: Any = np.ndarray(
+        spec.hold_capacity, DESC_DTYPE, buffer=memoryview(region), offset=hold_offset + HOLD_HEADER_BYTES
+    )["request_id"]
+    cancel = np.ndarray(spec.table_size, np.uint8, buffer=memoryview(region), offset=off["cancel"])
+    status = np.ndarray(
+        (spec.n_workers, STATUS_COLS), np.int64, buffer=memoryview(region), offset=off["status"]
+    )
+    if spec.pin and spec.placement.cores:
+        os.sched_setaffinity(0, spec.placement.cores)
+    config = spec.config
+    session = get_backend(config.backend, config.source).load(spec.model_path, config, spec.placement)
+    for _ in range(config.warmup):
+        session.run(zeros_for(config, 1))
+    status[spec.index, :2] = (os.getpid(), READY)
+    batcher = Batcher(HeldSource(requests, region, hold_offset), batch_policy(config))
+    buffers = batch_buffers(config)
+
+    def finish(item: Item, pos: int, code: int) -> None:
+        completions.push(item.request_id, slot=item.slot, aux0=code, aux1=item.aux1, kind=FROM_WORKER)
+        hold_ids[pos % spec.hold_capacity] = HOLD_DONE  # after the push: a death between = a duplicate
+
+    try:
+        while True:
+            try:
+                batch = batcher.next_batch()
+            except RingClosed:
+                break
+            now_ns = time.monotonic_ns()
+            live: list[tuple[Item, int, memoryview]] = []
+            for item, pos in batch:
+                slot = pool.view(item.slot)
+                header(slot)["dequeued_ns"] = now_ns
+                if cancel[item.request_id]:
+                    finish(item, pos, CANCELLED)
+                elif item.aux2 and now_ns > item.aux2:
+                    finish(item, pos, TIMED_OUT)
+                else:
+                    live.append((item, pos, slot))
+            if not live:
+                continue
+            parts = [read_tensors(slot, config, outputs=False) for _, _, slot in live]
+            inputs = parts[0] if len(parts) == 1 else gather(config, buffers, parts)
+            rows = sum(item.aux0 for item, _, _ in live)
+            t_start = time.monotonic_ns()
+            try:
+                outputs = session.run(inputs)
+            except Exception as e:
+                for item, pos, slot in live:
+                    write_error(slot, f"model {config.name!r} failed: {type(e).__name__}: {e}")
+                    finish(item, pos, FAILED)
+                continue
+            t_end = time.monotonic_ns()
+            offset = 0
+            for item, pos, slot in live:
+                n = item.aux0
+                mine = {k: v[offset : offset + n] for k, v in outputs.items()} if len(live) > 1 else outputs
+                offset += n
+                h = header(slot)
+                h["compute_start_ns"], h["compute_end_ns"], h["batch_rows"] = t_start, t_end, rows
+                try:
+                    write_outputs(slot, mine)
+                except ValueError as e:
+                    write_error(slot, str(e))
+                    finish(item, pos, FAILED)
+                    continue
+                finish(item, pos, OK)
+            status[spec.index, 2] += len(live)
+            status[spec.index, 3] += 1
+            status[spec.index, 4] += (t_end - t_start) * len(live)
+    finally:
+        status[spec.index, 1] = EXITED
+        session.close()

@@ -1,0 +1,118 @@
+"""How one request's tensors sit in an arena slot shared by ingress and a worker process.
+
+    [header: counts, status, stage times, per tensor offset/nbytes/shape][error text][tensors...]
+
+Ingress writes the inputs (its one copy) and their entries; the worker reads them in place (numpy
+views, no copy), writes the outputs after them and records their shapes, stage times and status;
+the engine copies the outputs out and frees the slot. Offsets are 64-byte aligned.
+"""
+
+from typing import Any
+
+import numpy as np
+
+from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.dtypes import to_numpy
+from lumenrt.engine.request import Array
+
+MAX_TENSORS = 16
+MAX_DIMS = 8
+HEADER_DTYPE = np.dtype(
+    [
+        ("n_inputs", "<u4"),
+        ("n_outputs", "<u4"),
+        ("status", "<u4"),
+        ("error_bytes", "<u4"),
+        ("dequeued_ns", "<u8"),
+        ("compute_start_ns", "<u8"),
+        ("compute_end_ns", "<u8"),
+        ("batch_rows", "<u8"),
+        ("offset", "<u8", (MAX_TENSORS,)),
+        ("nbytes", "<u8", (MAX_TENSORS,)),
+        ("ndim", "<u4", (MAX_TENSORS,)),
+        ("shape", "<i8", (MAX_TENSORS, MAX_DIMS)),
+    ]
+)
+ERROR_AT = (HEADER_DTYPE.itemsize + 63) & ~63
+ERROR_MAX_BYTES = 512
+DATA_AT = ERROR_AT + ERROR_MAX_BYTES
+
+
+class SlotTooSmall(ValueError):
+    pass
+
+
+def _align(n: int) -> int:
+    return (n + 63) & ~63
+
+
+def header(slot: memoryview) -> Any:
+    """A 0-d structured view of the slot's header (fields assign in place)."""
+    return np.ndarray((), HEADER_DTYPE, buffer=slot)
+
+
+def slot_bytes_needed(config: ModelConfig, rows: int) -> int | None:
+    """Bytes for `rows` rows of every input and output, or None if a shape is variable."""
+    total = DATA_AT
+    lead = (rows,) if config.max_batch_size > 0 else ()
+    for spec in (*config.inputs, *config.outputs):
+        if any(d < 0 for d in spec.dims) or spec.datatype == "BYTES":
+            return None
+        total += _align(int(np.prod(lead + spec.dims, dtype=np.int64)) * to_numpy(spec.datatype).itemsize)
+    return total
+
+
+def write_inputs(slot: memoryview, arrays: dict[str, Array]) -> None:
+    h = header(slot)
+    offset = DATA_AT
+    if len(arrays) > MAX_TENSORS:
+        raise SlotTooSmall(f"more than {MAX_TENSORS} tensors")
+    for i, a in enumerate(arrays.values()):
+        end = offset + a.nbytes
+        if end > len(slot) or a.ndim > MAX_DIMS:
+            raise SlotTooSmall(f"request of {end} bytes does not fit an arena slot of {len(slot)} bytes")
+        np.copyto(np.ndarray(a.shape, a.dtype, buffer=slot, offset=offset), a)  # the one copy
+        h["offset"][i], h["nbytes"][i], h["ndim"][i] = offset, a.nbytes, a.ndim
+        h["shape"][i, : a.ndim] = a.shape
+        offset = _align(end)
+    h["n_inputs"], h["n_outputs"], h["status"], h["error_bytes"] = len(arrays), 0, 0, 0
+
+
+def read_tensors(slot: memoryview, config: ModelConfig, outputs: bool) -> dict[str, Array]:
+    """Views (no copy) of the inputs, or of the outputs, in the slot."""
+    h = header(slot)
+    n_in = int(h["n_inputs"])
+    specs, first = (config.outputs, n_in) if outputs else (config.inputs, 0)
+    views: dict[str, Array] = {}
+    for k, spec in enumerate(specs[: int(h["n_outputs"]) if outputs else n_in]):
+        i = first + k
+        shape = tuple(int(d) for d in h["shape"][i, : int(h["ndim"][i])])
+        views[spec.name] = np.ndarray(shape, to_numpy(spec.datatype), buffer=slot, offset=int(h["offset"][i]))
+    return views
+
+
+def write_outputs(slot: memoryview, outputs: dict[str, Array]) -> None:
+    h = header(slot)
+    n_in = int(h["n_inputs"])
+    offset = _align(int(h["offset"][n_in - 1]) + int(h["nbytes"][n_in - 1])) if n_in else DATA_AT
+    for k, a in enumerate(outputs.values()):
+        i = n_in + k
+        end = offset + a.nbytes
+        if end > len(slot) or i >= MAX_TENSORS or a.ndim > MAX_DIMS:
+            raise SlotTooSmall(f"response of {end} bytes does not fit an arena slot of {len(slot)} bytes")
+        np.copyto(np.ndarray(a.shape, a.dtype, buffer=slot, offset=offset), a)
+        h["offset"][i], h["nbytes"][i], h["ndim"][i] = offset, a.nbytes, a.ndim
+        h["shape"][i, : a.ndim] = a.shape
+        offset = _align(end)
+    h["n_outputs"] = len(outputs)
+
+
+def write_error(slot: memoryview, message: str) -> None:
+    data = message.encode()[:ERROR_MAX_BYTES]
+    slot[ERROR_AT : ERROR_AT + len(data)] = data
+    header(slot)["error_bytes"] = len(data)
+
+
+def read_error(slot: memoryview) -> str:
+    n = int(header(slot)["error_bytes"])
+    return bytes(slot[ERROR_AT : ERROR_AT + n]).decode(errors="replace")

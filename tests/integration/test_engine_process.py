@@ -1,0 +1,124 @@
+"""Process mode: worker processes over shared memory, real ONNX Runtime; a SIGKILLed worker fails
+exactly what it held, is replaced, and the model is ready again; nothing left in /dev/shm."""
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lumenrt.engine.engine import Engine, EngineConfig
+from lumenrt.engine.request import InvalidInput, WorkerDied
+from lumenrt.native import leftover_segments
+from tests.integration.test_engine import write_add_model
+
+SLOW_PY = """
+import time
+
+
+class Model:
+    def load(self):
+        pass
+
+    def infer(self, inputs):
+        time.sleep(float(inputs["x"][0, 0]))  # the request says how long to take
+        return {"y": inputs["x"] * 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("prepo")
+    write_add_model(root)
+    (root / "sleepy" / "1").mkdir(parents=True)
+    (root / "sleepy" / "1" / "model.py").write_text(SLOW_PY)
+    (root / "sleepy" / "config.yaml").write_text(
+        "backend: python\nmax_batch_size: 1\ndynamic_batching: {max_queue_delay_us: 0}\n"
+        "input:\n  - {name: x, datatype: FP32, dims: [2]}\noutput:\n  - {name: y, datatype: FP32, dims: [2]}\n"
+    )
+    return root
+
+
+@pytest.fixture(params=["mpmc", "naive"])
+def engine(request: pytest.FixtureRequest, repo: Path) -> Iterator[Engine]:
+    eng = Engine(repo, EngineConfig(worker_mode="process", thread_count=2, queue_type=request.param))
+    segments = [n for n in leftover_segments() if ".model-" in n]
+    assert len(segments) == 2  # one per model
+    yield eng
+    eng.close()
+    assert not [n for n in leftover_segments() if n in segments], "shared memory left behind"
+
+
+def test_outputs_equal_thread_mode_and_batches_form(engine: Engine, repo: Path) -> None:
+    results: dict[int, np.ndarray] = {}
+
+    def client(c: int) -> None:
+        for i in range(30):
+            x = np.full((1 + i % 3, 4), c * 100 + i, np.float32)
+            results[c * 100 + i] = engine.infer("add", {"x": x}).outputs["y"]
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for key, y in results.items():
+        assert np.all(y == key + 1)
+    with Engine(repo, EngineConfig(thread_count=1), models=["add"]) as ref:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        np.testing.assert_array_equal(
+            engine.infer("add", {"x": x}).outputs["y"], ref.infer("add", {"x": x}).outputs["y"]
+        )
+    stats = engine.statistics("add")[0]
+    assert stats["requests"] >= 121 and stats["arena"]["in_use"] == 0
+
+
+def test_bad_input_refused_before_the_worker(engine: Engine) -> None:
+    with pytest.raises(InvalidInput, match="shape"):
+        engine.infer("add", {"x": np.zeros((1, 3), np.float32)})
+
+
+def test_killed_worker_fails_its_requests_is_replaced_and_ready_again(engine: Engine) -> None:
+    rt = engine.runtime("sleepy")
+    pids = rt.statistics()["pids"]
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def call(seconds: float) -> None:
+        try:
+            r: object = engine.infer("sleepy", {"x": np.full((1, 2), seconds, np.float32)})
+        except Exception as e:
+            r = e
+        with lock:
+            outcomes.append(r)
+
+    # two long requests: each worker holds one
+    threads = [threading.Thread(target=call, args=(3.0,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while rt.statistics()["ring"]["popped"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.1)  # both are inside infer()
+    os.kill(pids[0], signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    died = [o for o in outcomes if isinstance(o, WorkerDied)]
+    ok = [o for o in outcomes if not isinstance(o, Exception)]
+    assert len(died) == 1 and len(ok) == 1, outcomes  # exactly the killed worker's request failed
+    assert "died" in str(died[0])
+    deadline = time.monotonic() + 60
+    while not engine.ready("sleepy"):  # replaced; not ready meanwhile
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    new_pids = rt.statistics()["pids"]
+    assert new_pids[0] != pids[0] and new_pids[1] == pids[1]
+    assert rt.statistics()["worker_deaths"] == 1
+    y = engine.infer("sleepy", {"x": np.zeros((1, 2), np.float32)}).outputs["y"]
+    assert np.all(y == 0)
+    assert rt.statistics()["arena"]["in_use"] == 0
