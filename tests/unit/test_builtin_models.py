@@ -50,7 +50,9 @@ def test_repository_has_three_models_with_config_and_version_1(repo: Path) -> No
         assert (repo / name / model_file).is_file()
         assert config["max_batch_size"] > 0
         assert config["input"] and config["output"]
-        assert config["dynamic_batching"]["max_queue_delay_us"] >= 0  # 0 for the tiny models: batch what is queued
+        assert (
+            config["dynamic_batching"]["max_queue_delay_us"] >= 0
+        )  # 0 for the tiny models: batch what is queued
     assert yaml.safe_load((repo / "tabular_xgb" / "config.yaml").read_text())["backend"] == "xgboost"
     assert (repo / MARKER).is_file()
     assert not list(repo.parent.glob(".builtin-v2.tmp-*"))
