@@ -22,9 +22,12 @@ def ring_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(autouse=True)
 def no_leftovers() -> Iterator[None]:
+    """Children and segments a test starts must be gone when it ends (those of wider-scoped
+    fixtures, set up before this one, are theirs to clean up)."""
     before = set(leftover_segments(SHM_PREFIX))
+    children_before = set(multiprocessing.active_children())
     yield
-    for child in multiprocessing.active_children():
+    for child in set(multiprocessing.active_children()) - children_before:
         child.kill()
         child.join(5)
         pytest.fail(f"test left a child process running: {child}")
