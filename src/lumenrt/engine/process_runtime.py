@@ -44,6 +44,7 @@ from lumenrt.engine.process_worker import (
 from lumenrt.engine.request import (
     EngineError,
     InferRequest,
+    InvalidInput,
     ModelNotReady,
     QueueFull,
     RequestCancelled,
@@ -51,7 +52,7 @@ from lumenrt.engine.request import (
     RequestTimeout,
     WorkerDied,
 )
-from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity
+from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, admit
 from lumenrt.engine.slot_layout import (
     SlotTooSmall,
     header,
@@ -60,7 +61,6 @@ from lumenrt.engine.slot_layout import (
     slot_bytes_needed,
     write_inputs,
 )
-from lumenrt.engine.validate import validate_inputs
 from lumenrt.native import (
     DESC_DTYPE,
     HOLD_DONE,
@@ -250,14 +250,11 @@ class ProcessModelRuntime:
         timeout_s: float | None = None,
         on_done: Callable[[InferRequest], None] | None = None,
     ) -> InferRequest:
-        received_ns = time.monotonic_ns()
-        if self.closed:
-            raise ModelNotReady(f"model {self.config.name!r} is unloading")
-        arrays, rows = validate_inputs(self.config, inputs)
-        req = self.table.acquire()
-        if req is None:
+        try:
+            req, arrays = admit(self.config, self.table, inputs, self.closed, self._max_queue, timeout_s)
+        except QueueFull:
             self.rejected += 1
-            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
+            raise
         slot = self.pool.try_alloc()
         if slot is None:
             self.table.release(req)
@@ -270,24 +267,15 @@ class ProcessModelRuntime:
         except SlotTooSmall as e:
             self.pool.free(slot)
             self.table.release(req)
-            from lumenrt.engine.request import InvalidInput
-
             raise InvalidInput(f"model {self.config.name!r}: {e}") from None
         req.generation += 1
         req.slot = slot
-        req.rows = rows
         req.on_done = on_done
-        req.times.received_ns = received_ns
         self._cancel[req.index] = 0
-        db = self.config.dynamic_batching
-        if timeout_s is None and db is not None and db.default_timeout_us:
-            timeout_s = db.default_timeout_us / 1e6
-        if timeout_s is not None:
-            req.deadline_ns = received_ns + int(timeout_s * 1e9)
         req.times.enqueued_ns = time.monotonic_ns()
         try:
             pushed = self.ring.try_push(
-                req.index, slot=slot, aux0=rows, aux1=req.generation, aux2=req.deadline_ns
+                req.index, slot=slot, aux0=req.rows, aux1=req.generation, aux2=req.deadline_ns
             )
         except RingClosed:
             pushed = False

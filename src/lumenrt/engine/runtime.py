@@ -37,6 +37,33 @@ class RuntimeOptions:
     arena_slots: int = 256
 
 
+def admit(
+    config: ModelConfig,
+    table: RequestTable,
+    inputs: Mapping[str, Any],
+    closed: bool,
+    max_queue: int,
+    timeout_s: float | None,
+) -> tuple[InferRequest, dict[str, Array]]:
+    """The admission steps both worker modes share: refuse when unloading, validate, take a
+    request record (QueueFull at once when none is free), stamp arrival and set the deadline."""
+    received_ns = time.monotonic_ns()
+    if closed:
+        raise ModelNotReady(f"model {config.name!r} is unloading")
+    arrays, rows = validate_inputs(config, inputs)
+    req = table.acquire()
+    if req is None:
+        raise QueueFull(f"model {config.name!r}: queue full ({max_queue} requests waiting)")
+    req.times.received_ns = received_ns
+    req.rows = rows
+    db = config.dynamic_batching
+    if timeout_s is None and db is not None and db.default_timeout_us:
+        timeout_s = db.default_timeout_us / 1e6
+    if timeout_s is not None:
+        req.deadline_ns = received_ns + int(timeout_s * 1e9)
+    return req, arrays
+
+
 def _ring_capacity(n: int) -> int:
     cap = 2
     while cap < n:
@@ -131,26 +158,16 @@ class ModelRuntime:
         timeout_s: float | None = None,
         on_done: Callable[[InferRequest], None] | None = None,
     ) -> InferRequest:
-        received_ns = time.monotonic_ns()
-        if self.closed:
-            raise ModelNotReady(f"model {self.config.name!r} is unloading")
-        arrays, rows = validate_inputs(self.config, inputs)
-        req = self.table.acquire()
-        if req is None:
+        try:
+            req, arrays = admit(self.config, self.table, inputs, self.closed, self._max_queue, timeout_s)
+        except QueueFull:
             self.rejected += 1
-            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
-        req.times.received_ns = received_ns
-        req.rows = rows
+            raise
         req.on_done = on_done
-        db = self.config.dynamic_batching
-        if timeout_s is None and db is not None and db.default_timeout_us:
-            timeout_s = db.default_timeout_us / 1e6
-        if timeout_s is not None:
-            req.deadline_ns = received_ns + int(timeout_s * 1e9)
         req.inputs = self._copy_in(req, arrays)
         req.times.enqueued_ns = time.monotonic_ns()
         try:
-            pushed = self.ring.try_push(req.index, aux0=rows)
+            pushed = self.ring.try_push(req.index, aux0=req.rows)
         except RingClosed:
             pushed = False
         if not pushed:
