@@ -15,6 +15,8 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from lumenrt.models.split import Split, held_out_split
+
 INPUT_NAME = "input"
 PROBABILITIES = "probabilities"
 LABEL = "label"
@@ -35,18 +37,10 @@ def held_out() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     return _split()[1]
 
 
-def _split() -> tuple[
-    tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]],
-    tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]],
-]:
+def _split() -> Split:
     from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
 
-    x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x.astype(np.float32), y.astype(np.int64), test_size=0.25, random_state=SEED, stratify=y
-    )
-    return (x_train, y_train), (x_test, y_test)
+    return held_out_split(load_digits, SEED)
 
 
 def train() -> tuple[Any, float]:
