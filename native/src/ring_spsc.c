@@ -44,7 +44,7 @@ int lrt_spsc_try_pop_many(lrt_ring *r, lrt_desc *out, int max_n, lrt_hold *hold)
     if (rc != LRT_OK) return rc;
     uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
     int64_t avail = (int64_t)(r->cons_cached_tail - head);
-    if (avail <= 0) {
+    if (avail < max_n) { /* the cache shows fewer than asked: look at the producer's end again */
         /* acquire: pairs with the producer's release of tail */
         r->cons_cached_tail = atomic_load_explicit(&h->tail, memory_order_acquire);
         avail = (int64_t)(r->cons_cached_tail - head);

@@ -96,6 +96,14 @@ static void test_pop_many_and_timeout(void) {
     CHECK_EQ(out[3].request_id, 3);
     CHECK_EQ(lrt_ring_pop_many(r, out, 16, 0), 6);
     CHECK_EQ(out[5].request_id, 9);
+    /* pop_many takes everything there, also what arrived after the consumer last looked */
+    lrt_desc one = desc(20), two = desc(21), three = desc(22);
+    CHECK_EQ(lrt_ring_try_push(r, &one), LRT_OK);
+    CHECK_EQ(lrt_ring_try_push(r, &two), LRT_OK);
+    CHECK_EQ(lrt_ring_pop_many(r, out, 1, 0), 1); /* the consumer has now seen two */
+    CHECK_EQ(lrt_ring_try_push(r, &three), LRT_OK);
+    CHECK_EQ(lrt_ring_pop_many(r, out, 2, 0), 2); /* 21 and 22, not only the one it had seen */
+    CHECK_EQ(out[1].request_id, 22);
     for (uint64_t i = 0; i < 16; i++) {
         lrt_desc in = desc(i);
         CHECK_EQ(lrt_ring_try_push(r, &in), LRT_OK);
