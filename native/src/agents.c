@@ -73,18 +73,21 @@ int lrt_agent_thread_alive(const lrt_agent *a) {
     return lrt_agent_alive(a) && thread_alive(owner);
 }
 
-static void agent_reset(lrt_ring_hdr *h, int i) {
+static int agent_reset(lrt_ring_hdr *h, int i) {
     uint64_t bit = 1ull << i;
     atomic_fetch_and(&h->pop_mask, ~bit);
     atomic_fetch_and(&h->push_mask, ~bit);
+    int was_spinning = (atomic_fetch_and(&h->pop_spin_mask, ~bit) & bit) != 0;
     atomic_store(&h->agents[i].push_claim, 0);
     atomic_store(&h->agents[i].pop_claim, 0);
+    return was_spinning;
 }
 
-void lrt_agent_release(lrt_ring_hdr *h, int i) {
-    agent_reset(h, i);
+int lrt_agent_release(lrt_ring_hdr *h, int i) {
+    int was_spinning = agent_reset(h, i);
     atomic_store(&h->agents[i].starttime, 0);
     atomic_store(&h->agents[i].owner, 0); /* seq_cst: the reset above is visible to the next owner */
+    return was_spinning;
 }
 
 static int agent_register(lrt_ring *r) {
@@ -101,7 +104,7 @@ static int agent_register(lrt_ring *r) {
             if (atomic_load(&h->agents[i].owner) == 0 &&
                 atomic_compare_exchange_strong(&h->agents[i].owner, &expect, key)) {
                 atomic_store(&h->agents[i].starttime, self_starttime());
-                agent_reset(h, i);
+                (void)agent_reset(h, i);
                 return i;
             }
         }
@@ -112,8 +115,9 @@ static int agent_register(lrt_ring *r) {
             if (o == 0 || o == LRT_OWNER_RECLAIMING || thread_alive(o)) continue;
             if (!lrt_agent_alive(&h->agents[i])) continue; /* dead process: recovery below */
             if (atomic_load(&h->agents[i].push_claim) || atomic_load(&h->agents[i].pop_claim)) continue;
-            if (atomic_compare_exchange_strong(&h->agents[i].owner, &o, LRT_OWNER_RECLAIMING))
-                lrt_agent_release(h, i);
+            if (atomic_compare_exchange_strong(&h->agents[i].owner, &o, LRT_OWNER_RECLAIMING) &&
+                lrt_agent_release(h, i))
+                lrt_wake_all(r);
         }
         /* push-only: a dead consumer's held descriptor is reported to the owner's recover() */
         lrt_ring_recover(r, NULL, -1);

@@ -78,6 +78,7 @@ typedef struct lrt_ring_hdr {
     LRT_ALIGNED _Atomic uint64_t pop_mask;  /* bit i: agent i sleeps (or is about to) in pop */
     _Atomic uint64_t push_mask;             /* bit i: agent i sleeps in push */
     _Atomic uint32_t closed;
+    _Atomic uint64_t pop_spin_mask; /* bit i: agent i is in its timed pop spin (a push wakes no one) */
 
     /* slow-path counters */
     LRT_ALIGNED _Atomic uint64_t futex_waits;
@@ -109,6 +110,7 @@ struct lrt_ring {
     uint32_t kind;
     int futex_private;
     int interruptible;
+    int64_t spin_ns; /* this handle's timed spin before sleeping (lrt_ring_set_spin_ns); 0 = none */
     /* SPSC: each end caches the other end's position to avoid touching its line. */
     LRT_ALIGNED uint64_t prod_cached_head;
     LRT_ALIGNED uint64_t cons_cached_tail;
@@ -119,7 +121,9 @@ int lrt_agent_index(lrt_ring *r);               /* this thread's agent (register
 int lrt_agent_alive(const lrt_agent *a);        /* slow: reads /proc */
 int lrt_agent_thread_alive(const lrt_agent *a); /* slow: the owning thread itself still runs */
 /* Free agent i, which the caller owns in state LRT_OWNER_RECLAIMING (claims resolved). */
-void lrt_agent_release(lrt_ring_hdr *h, int i);
+/* Returns 1 if the agent was in its timed spin: pushes may have skipped waking sleepers because of
+ * it, so the caller wakes them all (lrt_wake_all). */
+int lrt_agent_release(lrt_ring_hdr *h, int i);
 void lrt_wake_one(lrt_ring *r, _Atomic uint64_t *mask, int pop_side);
 void lrt_wake_all(lrt_ring *r);
 int lrt_futex_wait(lrt_ring *r, _Atomic uint32_t *word, uint32_t expected, int64_t timeout_ns);
@@ -129,6 +133,10 @@ int lrt_futex_wait(lrt_ring *r, _Atomic uint32_t *word, uint32_t expected, int64
  * ring (Dekker): either the sleeper sees our element or we see its bit. */
 static inline void lrt_after_push(lrt_ring *r) {
     atomic_thread_fence(memory_order_seq_cst);
+    /* A consumer still in its timed spin will take this element (it re-checks the ring after it
+     * stops spinning, see wait_loop), so a sleeper is left asleep: no system call, and no idle
+     * worker woken only to find the ring empty again. */
+    if (atomic_load_explicit(&r->hdr->pop_spin_mask, memory_order_relaxed) != 0) return;
     if (atomic_load_explicit(&r->hdr->pop_mask, memory_order_relaxed) != 0)
         lrt_wake_one(r, &r->hdr->pop_mask, 1);
 }

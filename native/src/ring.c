@@ -184,6 +184,33 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
         if (!RETRY(rc)) return rc;
         if ((i & 63) == 63 && lrt_now_ns() >= deadline) return LRT_TIMEOUT;
     }
+    if (r->spin_ns > 0) { /* timed spin: polls for up to spin_ns, reading the clock every 16 */
+        /* Pop side: this agent's bit is in pop_spin_mask while it spins, so that pushes skip
+         * waking sleepers (a dead spinner's bit is cleared by recovery, which then wakes all).
+         * Leaving: clear the bit (seq_cst RMW), fence, then the sleep protocol below re-checks the
+         * ring before sleeping — Dekker with lrt_after_push's fence + load of pop_spinners: a push
+         * that saw us spinning is seen by that re-check. One that found work while others sleep
+         * and more is waiting passes the wake on (the push skipped it). */
+        int spin_agent = pop_side ? lrt_agent_index(r) : -1;
+        uint64_t spin_bit = spin_agent >= 0 ? 1ull << spin_agent : 0;
+        if (spin_bit) atomic_fetch_or(&h->pop_spin_mask, spin_bit);
+        uint64_t spin_end = lrt_now_ns() + (uint64_t)r->spin_ns;
+        if (spin_end > deadline) spin_end = deadline;
+        for (unsigned i = 1;; i++) {
+            LRT_CPU_RELAX();
+            rc = ATTEMPT();
+            if (!RETRY(rc)) break;
+            if ((i & 15u) == 0 && lrt_now_ns() >= spin_end) break;
+        }
+        if (spin_bit) {
+            atomic_fetch_and(&h->pop_spin_mask, ~spin_bit);
+            atomic_thread_fence(memory_order_seq_cst);
+            if (!RETRY(rc) && lrt_ring_len(r) > 0 && atomic_load(&h->pop_mask) != 0)
+                lrt_wake_one(r, &h->pop_mask, 1);
+        }
+        if (!RETRY(rc)) return rc;
+        if (lrt_now_ns() >= deadline) return LRT_TIMEOUT;
+    }
     for (int i = 0; i < h->yield_iters; i++) {
         sched_yield();
         rc = ATTEMPT();
@@ -226,6 +253,9 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
 #undef ATTEMPT
 #undef RETRY
 }
+
+void lrt_ring_set_spin_ns(lrt_ring *r, int64_t spin_ns) { r->spin_ns = spin_ns > 0 ? spin_ns : 0; }
+int64_t lrt_ring_spin_ns(const lrt_ring *r) { return r->spin_ns; }
 
 int lrt_ring_push(lrt_ring *r, const lrt_desc *d, int64_t timeout_ns) {
     return wait_loop(r, 0, NULL, 0, d, timeout_ns, NULL);
@@ -299,11 +329,13 @@ int lrt_ring_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
     /* Other kinds hold no claims: a dead process leaves them consistent (single-store commits
      * under a robust mutex, or a single-writer index). Only its agent entry is freed. */
     lrt_ring_hdr *h = r->hdr;
+    int spinner_died = 0;
     for (int i = 0; i < LRT_MAX_AGENTS; i++) {
         uint64_t o = atomic_load(&h->agents[i].owner);
         if (o == 0 || o == LRT_OWNER_RECLAIMING || lrt_agent_alive(&h->agents[i])) continue;
         if (atomic_compare_exchange_strong(&h->agents[i].owner, &o, LRT_OWNER_RECLAIMING))
-            lrt_agent_release(h, i);
+            spinner_died |= lrt_agent_release(h, i);
     }
+    if (spinner_died) lrt_wake_all(r);
     return 0;
 }

@@ -154,7 +154,7 @@ static int repair_pop(lrt_ring *r, uint64_t p, lrt_desc *lost, int max_lost, int
 int lrt_mpmc_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
     lrt_ring_hdr *h = r->hdr;
     int push_only = max_lost < 0; /* called from a waiting pop: repair dead producers only */
-    int n_lost = 0;
+    int n_lost = 0, spinner_died = 0;
     for (int i = 0; i < LRT_MAX_AGENTS; i++) {
         lrt_agent *a = &h->agents[i];
         uint64_t o = atomic_load(&a->owner);
@@ -169,8 +169,9 @@ int lrt_mpmc_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
         if (cc && push_only) done = 0;
         else if (cc && repair_pop(r, cc - 1, lost, max_lost, &n_lost)) atomic_store(&a->pop_claim, 0);
         else if (cc) done = 0;
-        if (done) lrt_agent_release(h, i);
+        if (done) spinner_died |= lrt_agent_release(h, i);
         else atomic_store(&a->owner, o); /* a live winner still works on the cell: later */
     }
+    if (spinner_died) lrt_wake_all(r); /* pushes skipped waking sleepers while it "spun" */
     return n_lost;
 }

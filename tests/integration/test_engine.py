@@ -195,7 +195,7 @@ def test_queue_full_is_rejected_at_once_and_expired_requests_never_run(engine: E
     for t in [first, *expiring]:
         t.join(30)
     for req in fillers:
-        req.done.wait(30)
+        assert rt.table.latches.wait(req.index, timeout_s=30)
         rt.release(req)
     timeouts = [r for r in results if isinstance(r, RequestTimeout)]
     assert len(timeouts) == 3, results
@@ -246,3 +246,40 @@ def test_close_refuses_new_requests(repo: Path) -> None:
     assert not eng.ready()
     with pytest.raises(ModelNotReady):
         eng.infer("add", {"x": np.ones((1, 4), np.float32)})
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_sync_caller_interrupted_while_waiting_leaks_nothing(repo: Path) -> None:
+    """A signal handler that raises while engine.infer waits (Ctrl-C): the exception reaches the
+    caller, the request is cancelled or finishes, and its record and arena slot come back."""
+    import signal
+
+    gate = slow_model_state.GATE
+    gate.clear()
+    slow_model_state.ENTERED.clear()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted()
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    opener = threading.Timer(0.3, gate.set)  # the model finishes after the interrupt
+    with Engine(repo, EngineConfig(thread_count=1), models=["slow"]) as eng:
+        rt = eng.runtime("slow")
+        try:
+            opener.start()
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(_Interrupted):
+                eng.infer("slow", {"x": np.ones((1, 2), np.float32)})
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            opener.join(5)
+            gate.set()
+        assert slow_model_state.ENTERED.is_set()  # it was inside the model when interrupted
+        assert rt.table.free == len(rt.table.records)
+        assert rt.statistics()["arena"]["in_use"] == 0
+        y = eng.infer("slow", {"x": np.ones((1, 2), np.float32)}).outputs["y"]
+        np.testing.assert_allclose(y, 2.0)

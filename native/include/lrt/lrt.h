@@ -7,4 +7,5 @@
 #include "bump.h"
 #include "shm.h"
 #include "notifier.h"
+#include "latch.h"
 #endif

@@ -76,6 +76,13 @@ int lrt_ring_attach(void *region, size_t region_bytes, lrt_ring **out);
 /* Free the process-local handle (the region is the caller's). */
 void lrt_ring_free(lrt_ring *r);
 
+/* This handle's timed spin: a blocking call that finds the ring empty (full) polls it for up to
+ * spin_ns before sleeping, after the kind's spin_iters/yield_iters. Process-local, so each consumer
+ * chooses (0, the default, sleeps at once). Worth it where a wake-up costs more than the gap
+ * between requests: see lrt/latch.h. */
+void lrt_ring_set_spin_ns(lrt_ring *r, int64_t spin_ns);
+int64_t lrt_ring_spin_ns(const lrt_ring *r);
+
 int lrt_ring_try_push(lrt_ring *r, const lrt_desc *d);
 int lrt_ring_push(lrt_ring *r, const lrt_desc *d, int64_t timeout_ns);
 int lrt_ring_try_pop(lrt_ring *r, lrt_desc *out);

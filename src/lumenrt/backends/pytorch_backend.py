@@ -15,6 +15,7 @@ sets its size (all workers are given the same count, so it is the same value).
 """
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -92,6 +93,12 @@ def _as_tensor(array: Array) -> torch.Tensor:
     return from_dlpack(array)
 
 
+# torch.export.load keeps its deserializer in a global ("_CURRENT_DESERIALIZER is already set" when
+# two threads load at once, found by the engine tests), and warnings.catch_warnings below is
+# process-wide: loads are serialised. Load time only, never on the request path.
+_LOAD_LOCK = threading.Lock()
+
+
 class PyTorchBackend:
     name = "pytorch"
     model_files: tuple[str, ...] = ("model.pt", "model.pt2")
@@ -115,11 +122,12 @@ class PyTorchBackend:
         )
         _set_threads(placement)
         module: torch.nn.Module | torch.jit.ScriptModule
-        if model_path.suffix == ".pt2":
-            module = torch.export.load(str(model_path)).module()
-        else:
-            module = _load_torchscript(model_path)
-            module.eval()
+        with _LOAD_LOCK:  # thread-mode workers load at once; neither loader is thread-safe
+            if model_path.suffix == ".pt2":
+                module = torch.export.load(str(model_path)).module()
+            else:
+                module = _load_torchscript(model_path)
+                module.eval()
         return PyTorchSession(
             module=module, inputs=inputs, output_names=tuple(spec.name for spec in config.outputs)
         )

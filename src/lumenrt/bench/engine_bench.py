@@ -42,7 +42,7 @@ from lumenrt.bench.engine_load import (
 )
 from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.engine.engine import Engine
-from lumenrt.engine.server_config import ALLOCATOR_TYPES, QUEUE_TYPES, EngineConfig
+from lumenrt.engine.server_config import ALLOCATOR_TYPES, DEFAULT_SPIN_US, QUEUE_TYPES, EngineConfig
 from lumenrt.models.builtin import builtin_examples
 
 SQUEEZENET = "squeezenet"
@@ -99,6 +99,7 @@ class Settings:
     phase: Phase
     concurrency: int
     scenarios: tuple[str, ...]
+    spin_us: int = DEFAULT_SPIN_US
 
 
 @dataclass(slots=True)
@@ -192,7 +193,10 @@ def best_raw(scenario: str, model: str, batches: Sequence[int], phase: Phase) ->
 
 
 def engine_config(
-    queue_type: str = "mpmc", allocator_type: str = "lumen_arena", mode: str = "thread"
+    queue_type: str = "mpmc",
+    allocator_type: str = "lumen_arena",
+    mode: str = "thread",
+    spin_us: int = DEFAULT_SPIN_US,
 ) -> EngineConfig:
     # spsc serves one worker (a single consumer): EngineConfig refuses it with more than one
     return EngineConfig(
@@ -200,6 +204,7 @@ def engine_config(
         allocator_type=allocator_type,
         worker_mode=mode,
         thread_count=1 if queue_type == "spsc" else WORKERS,
+        spin_us=spin_us,
     )
 
 
@@ -237,7 +242,7 @@ def _typical_batch(row: Row | None, model: str) -> int:
 
 def run_squeezenet(ctx: Context) -> list[Row]:
     """The engine first, then the raw loop at batch 1 and at the batch the engine mostly ran."""
-    scenario, cfg = "squeezenet", engine_config()
+    scenario, cfg = "squeezenet", engine_config(spin_us=ctx.settings.spin_us)
     eng = _guarded(
         scenario, SQUEEZENET, cfg.label, partial(measure_engine_async, ctx, scenario, SQUEEZENET, cfg)
     )
@@ -253,7 +258,7 @@ def run_squeezenet(ctx: Context) -> list[Row]:
 def _digits_pair(ctx: Context, mode: str) -> list[Row]:
     """Raw session.run, then the engine (already loaded, workers idle), one synchronous client."""
     scenario, phase = "digits-overhead", ctx.settings.phase
-    cfg = engine_config(mode=mode)
+    cfg = engine_config(mode=mode, spin_us=ctx.settings.spin_us)
     ctx.configs[cfg.label] = cfg.to_dict()
     try:
         engine = Engine(settings=cfg, models=[DIGITS])
@@ -299,7 +304,7 @@ def run_matrix(ctx: Context) -> list[Row]:
     rows: list[Row] = []
     for queue_type in QUEUE_TYPES:
         for allocator_type in ALLOCATOR_TYPES:
-            cfg = engine_config(queue_type, allocator_type)
+            cfg = engine_config(queue_type, allocator_type, spin_us=ctx.settings.spin_us)
             row = _guarded(
                 scenario, SQUEEZENET, cfg.label, partial(measure_engine_async, ctx, scenario, SQUEEZENET, cfg)
             )
@@ -461,6 +466,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only this scenario (repeatable; default all)",
     )
     parser.add_argument(
+        "--spin-us",
+        type=int,
+        default=DEFAULT_SPIN_US,
+        metavar="US",
+        help=f"engine.spin_us for every engine row: how long idle workers and waiting callers poll "
+        f"before sleeping (default {DEFAULT_SPIN_US}; 0 sleeps at once)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print only one JSON object per row on stdout (no table)"
     )
     parser.add_argument(
@@ -485,7 +498,9 @@ def _settings(args: argparse.Namespace) -> Settings | str:
     if args.concurrency < 1:
         return "--concurrency must be >= 1"
     chosen = tuple(s for s in SCENARIOS if args.scenario is None or s in args.scenario)
-    return Settings(Phase(warmup_s=warmup_s, duration_s=duration_s), args.concurrency, chosen)
+    if args.spin_us < 0:
+        raise SystemExit(f"--spin-us must be >= 0, got {args.spin_us}")
+    return Settings(Phase(warmup_s=warmup_s, duration_s=duration_s), args.concurrency, chosen, args.spin_us)
 
 
 def run_benchmark(ctx: Context, *, emit_json: bool) -> list[Row]:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from lumenrt.native import Item, Ring
+from lumenrt.native import Item, Latches, Ring
 
 T = TypeVar("T")
 
@@ -34,13 +34,17 @@ class Source(Protocol[T]):
 
 
 class RingSource:
-    """Requests straight from a ring (thread mode): the item's aux0 is its row count."""
+    """Requests straight from a ring (thread mode): the item's aux0 is its row count. The latches
+    of the requests completed since the last take (``signal``) are set by the next take, with the
+    GIL released (see request.py)."""
 
-    def __init__(self, ring: Ring) -> None:
+    def __init__(self, ring: Ring, latches: Latches | None = None) -> None:
         self._ring = ring
+        self._latches = latches
+        self.signal: list[int] = []
 
     def take(self, max_n: int, timeout_s: float | None) -> list[Item]:
-        return self._ring.pop_many(max_n, timeout_s=timeout_s)
+        return self._ring.pop_many(max_n, timeout_s=timeout_s, latches=self._latches, signal=self.signal)
 
     def rows(self, request: Item) -> int:
         return request.aux0

@@ -143,6 +143,7 @@ class Engine:
                         pin=self.settings.pin,
                         arena_slot_bytes=self.settings.arena_slot_bytes,
                         arena_slots=self.settings.arena_slots,
+                        spin_us=self.settings.spin_us,
                     ),
                 )
                 runtime.model_id = len(self._by_id)
@@ -225,8 +226,7 @@ class Engine:
         timeout_s: float | None = None,
     ) -> InferResult:
         rt = self.runtime(model, version)
-        req = rt.submit(inputs, timeout_s=timeout_s)
-        req.done.wait()
+        req = rt.run(inputs, timeout_s=timeout_s)
         return self._finish(rt, req)
 
     async def infer_async(

@@ -36,6 +36,7 @@ from lumenrt.engine.process_worker import (
     OK,
     READY,
     STATUS_COLS,
+    SYNC,
     TIMED_OUT,
     WORKER_DIED,
     WorkerSpec,
@@ -52,7 +53,7 @@ from lumenrt.engine.request import (
     RequestTimeout,
     WorkerDied,
 )
-from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, admit
+from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, abandon, admit
 from lumenrt.engine.slot_layout import (
     SlotTooSmall,
     header,
@@ -65,13 +66,17 @@ from lumenrt.native import (
     DESC_DTYPE,
     HOLD_DONE,
     HOLD_HEADER_BYTES,
+    LATCH_STRIDE,
+    Latches,
     Layout,
+    Region,
     Ring,
     RingClosed,
     SlabPool,
     create_shared,
     hold_init,
     hold_required_bytes,
+    latches_required_bytes,
     ring_required_bytes,
     slab_required_bytes,
 )
@@ -98,7 +103,6 @@ class ProcessModelRuntime:
         self._max_queue = db.max_queue_size if db is not None else 1024
         max_rows = max(config.max_batch_size, 1)
         table_size = self._max_queue + 2 * max_rows * len(placements)
-        self.table = RequestTable(table_size)
         slot_bytes = max(slot_bytes_needed(config, max_rows) or options.arena_slot_bytes, 4096)
         n_slots = max(1, min(table_size, options.arena_slots, ARENA_BUDGET_BYTES // slot_bytes))
         self._hold_capacity = 4 * max_rows + 16  # unfinished at once <= a batch + its carry-over
@@ -113,12 +117,20 @@ class ProcessModelRuntime:
             "holds": lay.add(hold_bytes * n),
             "cancel": lay.add(table_size),
             "status": lay.add(n * STATUS_COLS * 8),
+            "latches": lay.add(latches_required_bytes(table_size)),
             "pool": lay.add(slab_required_bytes(slot_bytes, n_slots), align=4096),
         }
         self.region = create_shared(lay.size_bytes, tag=f"model-{config.name}"[:60])
         self.ring = Ring.create(self.region, options.queue_type, ring_cap, offset=offsets["requests"])
         self._completions = Ring.create(self.region, "mpmc", comp_cap, offset=offsets["completions"])
+        self._spin_ns = options.spin_us * 1000
+        self._completions.spin_ns = 0  # this process's handle: the completion thread polls
+        self._signal: list[int] = []  # completed by the completion thread, latches set at its next pop
         self.pool = SlabPool.create(self.region, slot_bytes, n_slots, offset=offsets["pool"])
+        # sync callers' latches, set by the worker process itself (no completion-thread hop)
+        self.table = RequestTable(
+            table_size, Latches.create(self.region, table_size, offset=offsets["latches"], shared=True)
+        )
         for i in range(n):
             hold_init(self.region, offsets["holds"] + i * hold_bytes, self._hold_capacity)
         self._cancel = np.ndarray(
@@ -150,6 +162,7 @@ class ProcessModelRuntime:
                 hold_capacity=self._hold_capacity,
                 hold_bytes=hold_bytes,
                 table_size=table_size,
+                spin_ns=self._spin_ns,
             )
             for i, p in enumerate(placements)
         ]
@@ -232,14 +245,18 @@ class ProcessModelRuntime:
         self._cancel = self._status = None  # type: ignore[assignment]
         self._holds = []
         del self.ring, self._completions, self.pool
+        self.table.latches = Latches.create(
+            Region.anonymous(len(self.table.latches) * LATCH_STRIDE), len(self.table.latches)
+        )
         self.region.close()
 
     def _fail_unfinished(self) -> None:
         for req in self.table.records:
-            if req.generation and not req.finished and req.times.enqueued_ns and not req.done.is_set():
+            answered = req.on_done is None and self.table.latches.is_set(req.index)
+            if req.generation and not req.finished and req.times.enqueued_ns and not answered:
                 req.finished = True
                 req.error = ModelNotReady(f"model {self.config.name!r} unloaded before the request ran")
-                req.complete()
+                self.table.complete_now(req)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -249,6 +266,55 @@ class ProcessModelRuntime:
         *,
         timeout_s: float | None = None,
         on_done: Callable[[InferRequest], None] | None = None,
+    ) -> InferRequest:
+        """Queue the request without waiting: ``on_done`` runs in the completion thread (None: the
+        record's latch is set)."""
+        req = self._prepare(inputs, timeout_s, on_done)
+        try:
+            pushed = self.ring.try_push(
+                req.index, slot=req.slot, aux0=req.rows, aux1=req.generation, aux2=req.deadline_ns
+            )
+        except RingClosed:
+            pushed = False
+        if not pushed:
+            self._refuse(req)
+        return req
+
+    def run(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferRequest:
+        """Synchronous: queue and wait in this thread with the GIL released (see ModelRuntime.run)."""
+        req = self._prepare(inputs, timeout_s, None)
+        try:
+            pushed = self.ring.push_wait(
+                req.index,
+                slot=req.slot,
+                aux0=req.rows,
+                aux1=req.generation,
+                aux2=req.deadline_ns,
+                kind=SYNC,
+                latches=self.table.latches,
+                latch=req.index,
+                spin_ns=self._spin_ns,
+            )
+        except RingClosed:
+            pushed = False
+        except BaseException:
+            abandon(self, req)
+            raise
+        if not pushed:
+            self._refuse(req)
+        if not req.finished:  # the worker set the latch itself: read the answer from the slot
+            req.finished = True
+            slot_view = self.pool.view(req.slot)
+            code = int(header(slot_view)["status"])
+            del slot_view
+            self._read_result(req, code, from_supervisor=False)
+        return req
+
+    def _prepare(
+        self,
+        inputs: Mapping[str, Any],
+        timeout_s: float | None,
+        on_done: Callable[[InferRequest], None] | None,
     ) -> InferRequest:
         try:
             req, arrays = admit(self.config, self.table, inputs, self.closed, self._max_queue, timeout_s)
@@ -273,45 +339,51 @@ class ProcessModelRuntime:
         req.on_done = on_done
         self._cancel[req.index] = 0
         req.times.enqueued_ns = time.monotonic_ns()
-        try:
-            pushed = self.ring.try_push(
-                req.index, slot=slot, aux0=req.rows, aux1=req.generation, aux2=req.deadline_ns
-            )
-        except RingClosed:
-            pushed = False
-        if not pushed:
-            self.pool.free(slot)
-            self.table.release(req)
-            self.rejected += 1
-            if self.closed:
-                raise ModelNotReady(f"model {self.config.name!r} is unloading")
-            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
         return req
+
+    def _refuse(self, req: InferRequest) -> None:
+        self.pool.free(req.slot)
+        req.slot = -1
+        self.table.release(req)
+        self.rejected += 1
+        if self.closed:
+            raise ModelNotReady(f"model {self.config.name!r} is unloading")
+        raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
 
     def cancel(self, req: InferRequest) -> None:
         req.cancelled = True
         self._cancel[req.index] = 1
 
     def release(self, req: InferRequest) -> None:
+        req.generation += 1  # a late notice for the old use can no longer match the record
         self.table.release(req)
 
     # ---- completion and supervision (threads) ----------------------------------------------
 
     def _complete_loop(self) -> None:
-        records = self.table.records
-        while True:
-            try:
-                items = self._completions.pop_many(64)
-            except RingClosed:
-                return
-            for item in items:
-                req = records[item.request_id]
-                if req.generation != item.aux1 or req.finished:
-                    continue  # a duplicate (worker pushed, then died before marking its hold)
-                req.finished = True
-                self._finish(req, item.aux0, item.kind == FROM_SUPERVISOR)
+        records, latches, signal = self.table.records, self.table.latches, self._signal
+        try:
+            while True:
+                try:  # sets the latches of what the last round completed, GIL released
+                    items = self._completions.pop_many(64, latches=latches, signal=signal)
+                except RingClosed:
+                    return
+                for item in items:
+                    req = records[item.request_id]
+                    if req.generation != item.aux1 or req.finished:
+                        continue  # a duplicate (worker pushed, then died before marking its hold)
+                    if req.on_done is None and latches.is_set(req.index):
+                        continue  # a sync request the worker answered itself before it died
+                    req.finished = True
+                    self._read_result(req, item.aux0, item.kind == FROM_SUPERVISOR)
+                    self.table.complete(req, signal)
+        finally:
+            for index in signal:
+                latches.set(index)
+            signal.clear()
 
-    def _finish(self, req: InferRequest, code: int, from_supervisor: bool) -> None:
+    def _read_result(self, req: InferRequest, code: int, from_supervisor: bool) -> None:
+        """Outputs or error out of the slot into the request; frees the slot."""
         slot_view = self.pool.view(req.slot)
         t = req.times
         if not from_supervisor:
@@ -337,7 +409,6 @@ class ProcessModelRuntime:
         self.pool.free(req.slot)
         req.slot = -1
         t.completed_ns = time.monotonic_ns()
-        req.complete()
 
     def _monitor_loop(self) -> None:
         while True:

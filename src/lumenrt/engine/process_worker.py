@@ -19,12 +19,25 @@ from lumenrt.engine.batcher import Batcher
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
 from lumenrt.engine.worker import batch_buffers, batch_policy, gather, zeros_for
-from lumenrt.native import DESC_DTYPE, HOLD_DONE, HOLD_HEADER_BYTES, Item, Region, Ring, RingClosed, SlabPool
+from lumenrt.native import (
+    DESC_DTYPE,
+    HOLD_DONE,
+    HOLD_HEADER_BYTES,
+    Item,
+    Latches,
+    Region,
+    Ring,
+    RingClosed,
+    SlabPool,
+)
 
 # Completion statuses (descriptor aux0, and the slot header's status).
 OK, TIMED_OUT, CANCELLED, FAILED, WORKER_DIED = 0, 1, 2, 3, 4
 # Completion descriptor kinds.
 FROM_WORKER, FROM_SUPERVISOR = 0, 1
+# Request descriptor kinds: ASYNC is answered through the completion ring; SYNC by writing the
+# status into the slot header and setting the caller's latch (the caller waits on it itself).
+ASYNC, SYNC = 0, 1
 # Worker states in the status table.
 STARTING, READY, EXITED = 0, 1, 2
 STATUS_COLS = 5  # pid, state, requests, batches, infer_ns (compute time of its batch, per request)
@@ -43,6 +56,7 @@ class WorkerSpec:
     hold_capacity: int
     hold_bytes: int
     table_size: int
+    spin_ns: int = 0  # an idle worker polls the request ring this long before sleeping
 
 
 class HeldSource:
@@ -68,8 +82,10 @@ def worker_main(spec: WorkerSpec) -> None:
     region = Region.attach_shm(spec.shm_name)
     off = spec.offsets
     requests = Ring.attach(region, off["requests"])
+    requests.spin_ns = spec.spin_ns
     completions = Ring.attach(region, off["completions"])
     pool = SlabPool.attach(region, off["pool"])
+    latches = Latches.attach(region, spec.table_size, off["latches"])
     hold_offset = off["holds"] + spec.index * spec.hold_bytes
     hold_ids: Any = np.ndarray(
         spec.hold_capacity, DESC_DTYPE, buffer=memoryview(region), offset=hold_offset + HOLD_HEADER_BYTES
@@ -89,8 +105,12 @@ def worker_main(spec: WorkerSpec) -> None:
     buffers = batch_buffers(config)
 
     def finish(item: Item, pos: int, code: int) -> None:
-        completions.push(item.request_id, slot=item.slot, aux0=code, aux1=item.aux1, kind=FROM_WORKER)
-        hold_ids[pos % spec.hold_capacity] = HOLD_DONE  # after the push: a death between = a duplicate
+        if item.kind == SYNC:
+            header(pool.view(item.slot))["status"] = code
+            latches.set(item.request_id)
+        else:
+            completions.push(item.request_id, slot=item.slot, aux0=code, aux1=item.aux1, kind=FROM_WORKER)
+        hold_ids[pos % spec.hold_capacity] = HOLD_DONE  # after: a death between = a duplicate notice
 
     try:
         while True:

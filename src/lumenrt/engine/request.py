@@ -3,14 +3,22 @@
 Requests live in a fixed table per model (``RequestTable``), allocated once at load: the ring
 carries only the table index (``request_id``), so nothing about a request is allocated on the hot
 path beyond the numpy arrays the caller hands in and the model hands back.
+
+Completion, exactly once per submission, by whoever finishes the request (a worker thread, or the
+process-mode completion thread):
+  - an asyncio caller gave ``on_done``: it is called (it posts to the loop's completion ring);
+  - a synchronous caller waits on its record's latch (``RequestTable.latches``, native): the
+    completer appends the index to its ``signal`` list, and the latches are set by its next
+    ``Ring.pop_many`` once the GIL is released, so the woken caller finds the GIL free.
 """
 
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy.typing as npt
+
+from lumenrt.native import Latches, Region, latches_required_bytes
 
 Array = npt.NDArray[Any]
 
@@ -72,8 +80,7 @@ class InferRequest:
     error: EngineError | None = None
     cancelled: bool = False
     times: StageTimes = field(default_factory=StageTimes)
-    done: threading.Event = field(default_factory=threading.Event)
-    on_done: Any = None  # callable(request) run by the worker at completion instead of done.set()
+    on_done: Any = None  # callable(request) run at completion (async callers); None: the latch
     future: Any = None  # asyncio.Future of an infer_async caller
     model_id: int = 0  # which runtime's table this record belongs to (for async completions)
     generation: int = 0  # process mode: bumped at each use, so a late notice cannot hit a new request
@@ -92,29 +99,47 @@ class InferRequest:
         self.future = None
         self.finished = False
         self.slot = -1
-        self.done.clear()
-
-    def complete(self) -> None:
-        callback = self.on_done
-        if callback is not None:
-            callback(self)
-        else:
-            self.done.set()
 
 
 class RequestTable:
     """A fixed set of request records and a free list. ``acquire`` and ``release`` are O(1) and
     atomic under the GIL (deque.popleft/append); running out means the model is saturated."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, latches: Latches | None = None) -> None:
+        """``latches``: one per record, made by the caller where workers in other processes can
+        set them (process mode); by default in private memory of this process."""
         self.records = [InferRequest(i) for i in range(size)]
         self._free: deque[int] = deque(range(size))
+        if latches is None:
+            latches = Latches.create(Region.anonymous(latches_required_bytes(size)), size)
+        if len(latches) < size:
+            raise ValueError(f"{len(latches)} latches for {size} request records")
+        self.latches = latches
+
+    def complete(self, request: InferRequest, signal: list[int]) -> None:
+        """Called by the completer (GIL held): an async caller's callback now, a synchronous
+        caller's latch at the completer's next pop (``signal``)."""
+        callback = request.on_done
+        if callback is not None:
+            callback(request)
+        else:
+            signal.append(request.index)
+
+    def complete_now(self, request: InferRequest) -> None:
+        """Complete outside a worker loop (shutdown paths): set the latch at once."""
+        callback = request.on_done
+        if callback is not None:
+            callback(request)
+        else:
+            self.latches.set(request.index)
 
     def acquire(self) -> InferRequest | None:
         try:
-            return self.records[self._free.popleft()]
+            index = self._free.popleft()
         except IndexError:
             return None
+        self.latches.reset(index)
+        return self.records[index]
 
     def release(self, request: InferRequest) -> None:
         request.reset()

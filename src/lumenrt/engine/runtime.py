@@ -35,6 +35,7 @@ class RuntimeOptions:
     pin: bool = True
     arena_slot_bytes: int = 1 << 20
     arena_slots: int = 256
+    spin_us: int = 0  # poll before sleeping: idle workers on the ring, synchronous callers on their latch
 
 
 def admit(
@@ -62,6 +63,21 @@ def admit(
     if timeout_s is not None:
         req.deadline_ns = received_ns + int(timeout_s * 1e9)
     return req, arrays
+
+
+ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
+
+
+def abandon(runtime: "ModelRuntime | Any", req: InferRequest) -> None:
+    """A synchronous caller stopped waiting (a signal handler raised): cancel the request and wait,
+    uninterruptibly and bounded, for its completion so that its record can be released."""
+    runtime.cancel(req)
+    try:
+        done = runtime.table.latches.wait(req.index, timeout_s=ABANDON_WAIT_S)
+    except BaseException:
+        done = False
+    if done:
+        runtime.release(req)
 
 
 def _ring_capacity(n: int) -> int:
@@ -97,6 +113,8 @@ class ModelRuntime:
             _ring_capacity(max_queue),
         )
         self._max_queue = max_queue
+        self._spin_ns = options.spin_us * 1000
+        self.ring.spin_ns = self._spin_ns  # the workers' handle: idle workers poll before sleeping
         self.pool: SlabPool | None = None
         if options.allocator_type == "lumen_arena":
             n = min(options.arena_slots, len(self.table.records))
@@ -158,6 +176,41 @@ class ModelRuntime:
         timeout_s: float | None = None,
         on_done: Callable[[InferRequest], None] | None = None,
     ) -> InferRequest:
+        """Queue the request without waiting: ``on_done`` runs in the worker when it completes
+        (None: its latch is set, see ``table.latches.wait``)."""
+        req = self._prepare(inputs, timeout_s, on_done)
+        try:
+            pushed = self.ring.try_push(req.index, aux0=req.rows)
+        except RingClosed:
+            pushed = False
+        if not pushed:
+            self._refuse(req)
+        return req
+
+    def run(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferRequest:
+        """Synchronous: queue the request and wait for it in this thread (polling ``spin_us``,
+        then sleeping, with the GIL released from the push on). Returns it completed; the caller
+        reads it, then releases it."""
+        req = self._prepare(inputs, timeout_s, None)
+        try:
+            pushed = self.ring.push_wait(
+                req.index, aux0=req.rows, latches=self.table.latches, latch=req.index, spin_ns=self._spin_ns
+            )
+        except RingClosed:
+            pushed = False
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: the request is in flight
+            abandon(self, req)
+            raise
+        if not pushed:
+            self._refuse(req)
+        return req
+
+    def _prepare(
+        self,
+        inputs: Mapping[str, Any],
+        timeout_s: float | None,
+        on_done: Callable[[InferRequest], None] | None,
+    ) -> InferRequest:
         try:
             req, arrays = admit(self.config, self.table, inputs, self.closed, self._max_queue, timeout_s)
         except QueueFull:
@@ -166,17 +219,15 @@ class ModelRuntime:
         req.on_done = on_done
         req.inputs = self._copy_in(req, arrays)
         req.times.enqueued_ns = time.monotonic_ns()
-        try:
-            pushed = self.ring.try_push(req.index, aux0=req.rows)
-        except RingClosed:
-            pushed = False
-        if not pushed:
-            self.release(req)
-            self.rejected += 1
-            if self.closed:
-                raise ModelNotReady(f"model {self.config.name!r} is unloading")
-            raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
         return req
+
+    def _refuse(self, req: InferRequest) -> None:
+        """The ring refused the request (full, or closed by an unload): answer at once."""
+        self.release(req)
+        self.rejected += 1
+        if self.closed:
+            raise ModelNotReady(f"model {self.config.name!r} is unloading")
+        raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
 
     def _copy_in(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array]:
         """The one copy of the request's tensors."""

@@ -124,6 +124,7 @@ class ThreadWorker:
         self._pin = pin
         self._policy = batch_policy(config)
         self._buffers = batch_buffers(config)
+        self._signal: list[int] = []  # requests completed, latches set at the next take
         self._thread = threading.Thread(target=self._run, name=f"lumenrt-{config.name}-w{index}", daemon=True)
 
     def start(self) -> None:
@@ -148,16 +149,21 @@ class ThreadWorker:
             self.ready.set()
             return
         self.ready.set()
-        batcher = Batcher(RingSource(self._ring), self._policy)
+        source = RingSource(self._ring, self._table.latches)
+        self._signal = source.signal
+        batcher = Batcher(source, self._policy)
         records = self._table.records
         try:
             while True:
                 try:
-                    items = batcher.next_batch()
+                    items = batcher.next_batch()  # sets the latches of the last batch first
                 except RingClosed:
                     break
                 self._execute(session, [records[item.request_id] for item in items])
         finally:
+            for index in self._signal:  # completed, but the loop ended before the next take
+                self._table.latches.set(index)
+            self._signal.clear()
             session.close()
 
     def _execute(self, session: BackendSession, batch: list[InferRequest]) -> None:
@@ -209,7 +215,7 @@ class ThreadWorker:
             stats.infer_ns += t_end - t_start
             times.completed_ns = time.monotonic_ns()
             stats.output_ns += times.completed_ns - t_end
-            req.complete()
+            self._table.complete(req, self._signal)
         stats.requests += len(live)
         stats.batches += 1
         stats.batch_rows[rows] = stats.batch_rows.get(rows, 0) + 1
@@ -220,4 +226,4 @@ class ThreadWorker:
     def _fail(self, req: InferRequest, error: EngineError) -> None:
         req.error = error
         req.times.completed_ns = time.monotonic_ns()
-        req.complete()
+        self._table.complete(req, self._signal)

@@ -16,10 +16,12 @@ import numpy as np
 from lumenrt.native._core import (
     CACHELINE,
     HOLD_DONE,
+    LATCH_STRIDE,
     MAX_AGENTS,
     NOTIFIER_BYTES,
     BumpArena,
     Item,
+    Latches,
     LrtError,
     Notifier,
     PoolExhausted,
@@ -37,6 +39,11 @@ from lumenrt.native._core import (
 )
 from lumenrt.native.layout import Layout
 from lumenrt.native.shm import SHM_PREFIX, clean_stale, create_shared, leftover_segments
+
+
+def latches_required_bytes(n: int) -> int:
+    return n * LATCH_STRIDE
+
 
 RING_KINDS: tuple[str, ...] = ("mpmc", "spsc", "naive", "batched")
 
@@ -68,12 +75,14 @@ __all__ = [
     "DESC_DTYPE",
     "HOLD_DONE",
     "HOLD_HEADER_BYTES",
+    "LATCH_STRIDE",
     "MAX_AGENTS",
     "NOTIFIER_BYTES",
     "RING_KINDS",
     "SHM_PREFIX",
     "BumpArena",
     "Item",
+    "Latches",
     "Layout",
     "LrtError",
     "Notifier",
@@ -87,6 +96,7 @@ __all__ = [
     "create_shared",
     "hold_init",
     "hold_required_bytes",
+    "latches_required_bytes",
     "leftover_segments",
     "make_ring",
     "now_ns",

@@ -533,24 +533,72 @@ static int pop_many_fn(RingObject *self, void *arg, int64_t ns) {
     return n;
 }
 
-static const char *const POP_MANY_NAMES[] = {"max_n", "timeout_s"};
+static const char *const POP_MANY_NAMES[] = {"max_n", "timeout_s", "latches", "signal"};
+
+/* Completions to deliver before a pop: latch indices taken out of a Python list. */
+#define SIGNAL_CHUNK 256
+typedef struct {
+    lrt_latch *at[SIGNAL_CHUNK];
+    int n;
+    int pshared;
+} signal_batch;
+
+static int signal_collect(PyObject *latches, PyObject *signal, signal_batch *b);
+static void signal_deliver(signal_batch *b) {
+    for (int i = 0; i < b->n; i++) lrt_latch_set(b->at[i], b->pshared);
+    b->n = 0;
+}
+
+typedef struct {
+    pop_many_arg pop;
+    signal_batch *signals;
+} pop_signal_arg;
+
+/* First call with the GIL released: set the latches, then take or wait. Waking the callers only
+ * now, when this thread no longer holds the GIL, lets them run at once instead of sleeping on the
+ * GIL until this worker blocks. */
+static int pop_signal_fn(RingObject *self, void *arg, int64_t ns) {
+    pop_signal_arg *p = arg;
+    if (p->signals->n) signal_deliver(p->signals);
+    return pop_many_fn(self, &p->pop, ns);
+}
 
 static PyObject *ring_pop_many(RingObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *a[2];
+    PyObject *a[4];
     int64_t timeout_ns;
-    if (parse(args, nargs, kwnames, POP_MANY_NAMES, 2, 1, a, "pop_many") < 0 || as_timeout_ns(a[1], &timeout_ns) < 0)
+    if (parse(args, nargs, kwnames, POP_MANY_NAMES, 4, 1, a, "pop_many") < 0 || as_timeout_ns(a[1], &timeout_ns) < 0)
         return NULL;
     Py_ssize_t max_n = PyLong_AsSsize_t(a[0]);
     if (max_n == -1 && PyErr_Occurred()) return NULL;
     if (max_n <= 0) return PyErr_Format(PyExc_ValueError, "max_n must be > 0, got %zd", max_n);
     lrt_desc buf[POP_CHUNK];
     int first = max_n < POP_CHUNK ? (int)max_n : POP_CHUNK;
-    int n = lrt_ring_pop_many(self->r, buf, first, 0);
-    if (n == LRT_EMPTY && timeout_ns != 0) {
-        pop_many_arg p = {buf, first, 0};
-        int rc = wait_released(self, pop_many_fn, &p, timeout_ns, 1);
-        if (rc == 1) return NULL;
-        n = rc == LRT_OK ? p.got : rc;
+    int n;
+    PyObject *signal = (a[3] && a[3] != Py_None) ? a[3] : NULL;
+    if (signal && PyList_GET_SIZE(signal) > 0) {
+        signal_batch sb;
+        if (signal_collect(a[2], signal, &sb) < 0) return NULL;
+        pop_signal_arg p = {{buf, first, 0}, &sb};
+        int rc;
+        if (timeout_ns == 0) {
+            Py_BEGIN_ALLOW_THREADS rc = pop_signal_fn(self, &p, 0);
+            Py_END_ALLOW_THREADS
+        } else {
+            rc = wait_released(self, pop_signal_fn, &p, timeout_ns, 1);
+            if (sb.n) { /* not delivered: the wait ended before the first attempt (a signal) */
+                signal_deliver(&sb);
+            }
+            if (rc == 1) return NULL;
+        }
+        n = rc == LRT_OK ? p.pop.got : rc;
+    } else {
+        n = lrt_ring_pop_many(self->r, buf, first, 0);
+        if (n == LRT_EMPTY && timeout_ns != 0) {
+            pop_many_arg p = {buf, first, 0};
+            int rc = wait_released(self, pop_many_fn, &p, timeout_ns, 1);
+            if (rc == 1) return NULL;
+            n = rc == LRT_OK ? p.got : rc;
+        }
     }
     if (n == LRT_EMPTY || n == LRT_TIMEOUT) return PyList_New(0);
     if (n < 0) return raise_rc(n, "pop_many");
@@ -674,6 +722,24 @@ static PyObject *ring_get_capacity(RingObject *self, void *c) { return PyLong_Fr
 static PyObject *ring_get_kind(RingObject *self, void *c) { return Py_NewRef(self->kind_name); }
 static PyObject *ring_get_closed(RingObject *self, void *c) { return PyBool_FromLong(lrt_ring_is_closed(self->r)); }
 
+static PyObject *ring_get_spin_ns(RingObject *self, void *c) { return PyLong_FromLongLong(lrt_ring_spin_ns(self->r)); }
+static int ring_set_spin_ns(RingObject *self, PyObject *v, void *c) {
+    if (!v) {
+        PyErr_SetString(PyExc_AttributeError, "spin_ns cannot be deleted");
+        return -1;
+    }
+    long long ns = PyLong_AsLongLong(v);
+    if (ns == -1 && PyErr_Occurred()) return -1;
+    if (ns < 0) {
+        PyErr_Format(PyExc_ValueError, "spin_ns must be >= 0, got %lld", ns);
+        return -1;
+    }
+    lrt_ring_set_spin_ns(self->r, ns);
+    return 0;
+}
+
+static PyObject *ring_push_wait(RingObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
 static PyMethodDef ring_methods[] = {
     {"create", (PyCFunction)(void (*)(void))ring_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "create(buffer, kind, capacity, offset=0, shared=True, spin_iters=-1, yield_iters=-1) -> Ring\n"
@@ -688,7 +754,14 @@ static PyMethodDef ring_methods[] = {
     {"pop", (PyCFunction)(void (*)(void))ring_pop, METH_FASTCALL | METH_KEYWORDS,
      "pop(timeout_s=None) -> Item | None (None on timeout). RingClosed once closed and drained."},
     {"pop_many", (PyCFunction)(void (*)(void))ring_pop_many, METH_FASTCALL | METH_KEYWORDS,
-     "pop_many(max_n, timeout_s=None) -> list[Item]: wait for one, then take up to max_n available ([] on timeout)."},
+     "pop_many(max_n, timeout_s=None, latches=None, signal=None) -> list[Item]: wait for one, then take up to\n"
+     "max_n available ([] on timeout). `signal`: a list of latch indices to set (then emptied) once the GIL is\n"
+     "released, before taking: a worker completes its last batch as it goes back to wait."},
+    {"push_wait", (PyCFunction)(void (*)(void))ring_push_wait, METH_FASTCALL | METH_KEYWORDS,
+     "push_wait(request_id, slot=0, nbytes=0, t_ns=0, aux0=0, aux1=0, aux2=0, kind=0, *, latches, latch,\n"
+     "spin_ns=0) -> bool\n"
+     "With the GIL released: try to push once (False at once if full), then wait for latches[latch] to be set\n"
+     "(spinning up to spin_ns, then sleeping). A signal handler that raises leaves the request in flight."},
     {"pop_many_hold", (PyCFunction)(void (*)(void))ring_pop_many_hold, METH_FASTCALL | METH_KEYWORDS,
      "pop_many_hold(max_n, hold, hold_offset=0, timeout_s=None) -> (list[Item], first_position)\n"
      "pop_many that records each Item in the hold at hold[hold_offset:] before the ring lets it go."},
@@ -702,6 +775,8 @@ static PyGetSetDef ring_getset[] = {
     {"capacity", (getter)ring_get_capacity, NULL, "elements", NULL},
     {"kind", (getter)ring_get_kind, NULL, "mpmc, spsc, naive or batched", NULL},
     {"closed", (getter)ring_get_closed, NULL, "True once close() was called", NULL},
+    {"spin_ns", (getter)ring_get_spin_ns, (setter)ring_set_spin_ns,
+     "this handle's timed spin before a blocking call sleeps (ns; 0 = sleep at once)", NULL},
     {NULL}};
 
 static PySequenceMethods ring_as_sequence = {.sq_length = (lenfunc)ring_len};
@@ -1025,6 +1100,220 @@ static PyTypeObject BumpType = {
     .tp_methods = bump_methods,
 };
 
+/* ================================ Latches ================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    char *base;
+    Py_ssize_t n;
+    int pshared;
+    Py_buffer view;
+} LatchesObject;
+
+static PyTypeObject LatchesType;
+
+static PyObject *latches_make(PyObject *args, PyObject *kw, int create) {
+    static char *kwlist[] = {"buffer", "n", "offset", "shared", NULL};
+    PyObject *buf;
+    Py_ssize_t n, offset = 0;
+    int shared = create ? 0 : 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|np", kwlist, &buf, &n, &offset, &shared)) return NULL;
+    if (n <= 0 || n > (Py_ssize_t)UINT32_MAX) return PyErr_Format(PyExc_ValueError, "n must be in [1, 2**32), got %zd", n);
+    Py_buffer view;
+    char *base;
+    size_t avail;
+    if (get_window(buf, offset, &view, &base, &avail) < 0) return NULL;
+    if (avail < lrt_latch_required_bytes((uint32_t)n)) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "buffer: %zd latches need %zu bytes, %zu available", n,
+                            lrt_latch_required_bytes((uint32_t)n), avail);
+    }
+    LatchesObject *o = PyObject_New(LatchesObject, &LatchesType);
+    if (!o) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    o->base = base;
+    o->n = n;
+    o->pshared = shared;
+    o->view = view;
+    if (create)
+        for (Py_ssize_t i = 0; i < n; i++) lrt_latch_reset(lrt_latch_at(base, (uint32_t)i));
+    return (PyObject *)o;
+}
+
+static PyObject *latches_create(PyObject *cls, PyObject *args, PyObject *kw) { return latches_make(args, kw, 1); }
+static PyObject *latches_attach(PyObject *cls, PyObject *args, PyObject *kw) { return latches_make(args, kw, 0); }
+
+static void latches_dealloc(LatchesObject *self) {
+    PyBuffer_Release(&self->view);
+    PyObject_Free(self);
+}
+
+static lrt_latch *latch_of(LatchesObject *self, PyObject *index) {
+    Py_ssize_t i = PyLong_AsSsize_t(index);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0 || i >= self->n) {
+        PyErr_Format(PyExc_IndexError, "latch %zd out of range [0, %zd)", i, self->n);
+        return NULL;
+    }
+    return lrt_latch_at(self->base, (uint32_t)i);
+}
+
+static PyObject *latches_reset(LatchesObject *self, PyObject *index) {
+    lrt_latch *l = latch_of(self, index);
+    if (!l) return NULL;
+    lrt_latch_reset(l);
+    Py_RETURN_NONE;
+}
+
+static PyObject *latches_set(LatchesObject *self, PyObject *index) {
+    lrt_latch *l = latch_of(self, index);
+    if (!l) return NULL;
+    return PyBool_FromLong(lrt_latch_set(l, self->pshared));
+}
+
+static PyObject *latches_is_set(LatchesObject *self, PyObject *index) {
+    lrt_latch *l = latch_of(self, index);
+    if (!l) return NULL;
+    return PyBool_FromLong(lrt_latch_is_set(l));
+}
+
+/* Wait with the GIL released, running signal handlers between sleeps. 1 = set, 0 = timed out,
+ * -1 = a handler raised. */
+static int latch_wait_released(lrt_latch *l, int pshared, int64_t spin_ns, int64_t timeout_ns) {
+    uint64_t deadline = timeout_ns < 0 ? UINT64_MAX : lrt_now_ns() + (uint64_t)timeout_ns;
+    for (;;) {
+        int64_t left = -1;
+        if (deadline != UINT64_MAX) {
+            uint64_t now = lrt_now_ns();
+            left = now >= deadline ? 0 : (int64_t)(deadline - now);
+        }
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc = lrt_latch_wait(l, pshared, spin_ns, left);
+        Py_END_ALLOW_THREADS
+        if (rc == LRT_OK) return 1;
+        if (rc == LRT_TIMEOUT) return 0;
+        if (PyErr_CheckSignals() < 0) return -1;
+    }
+}
+
+static int as_spin_ns(PyObject *o, int64_t *ns) {
+    *ns = 0;
+    if (!o) return 0;
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "spin_ns must be >= 0, got %lld", v);
+        return -1;
+    }
+    *ns = v;
+    return 0;
+}
+
+static const char *const LATCH_WAIT_NAMES[] = {"index", "timeout_s", "spin_ns"};
+
+static PyObject *latches_wait(LatchesObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *a[3];
+    int64_t timeout_ns, spin_ns;
+    if (parse(args, nargs, kwnames, LATCH_WAIT_NAMES, 3, 1, a, "wait") < 0 || as_timeout_ns(a[1], &timeout_ns) < 0 ||
+        as_spin_ns(a[2], &spin_ns) < 0)
+        return NULL;
+    lrt_latch *l = latch_of(self, a[0]);
+    if (!l) return NULL;
+    int rc = latch_wait_released(l, self->pshared, spin_ns, timeout_ns);
+    if (rc < 0) return NULL;
+    return PyBool_FromLong(rc);
+}
+
+static Py_ssize_t latches_len(LatchesObject *self) { return self->n; }
+
+static PyMethodDef latches_methods[] = {
+    {"create", (PyCFunction)(void (*)(void))latches_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "create(buffer, n, offset=0, shared=False) -> Latches: n latches in buffer[offset:], all reset"},
+    {"attach", (PyCFunction)(void (*)(void))latches_attach, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "attach(buffer, n, offset=0, shared=True) -> Latches made by create (possibly in another process)"},
+    {"reset", (PyCFunction)latches_reset, METH_O, "reset(i): pending again (the submitter, before pushing)"},
+    {"set", (PyCFunction)latches_set, METH_O, "set(i) -> bool: mark done; True if a sleeper was woken"},
+    {"is_set", (PyCFunction)latches_is_set, METH_O, "is_set(i) -> bool"},
+    {"wait", (PyCFunction)(void (*)(void))latches_wait, METH_FASTCALL | METH_KEYWORDS,
+     "wait(index, timeout_s=None, spin_ns=0) -> bool (False on timeout), with the GIL released"},
+    {NULL}};
+
+static PySequenceMethods latches_as_sequence = {.sq_length = (lenfunc)latches_len};
+
+static PyTypeObject LatchesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lumenrt.native._core.Latches",
+    .tp_basicsize = sizeof(LatchesObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Completion latches, one per request record: set once by the completer, waited on by the caller.",
+    .tp_dealloc = (destructor)latches_dealloc,
+    .tp_methods = latches_methods,
+    .tp_as_sequence = &latches_as_sequence,
+};
+
+static int signal_collect(PyObject *latches, PyObject *signal, signal_batch *b) {
+    b->n = 0;
+    if (!latches || !PyObject_TypeCheck(latches, &LatchesType)) {
+        PyErr_SetString(PyExc_TypeError, "pop_many: signal needs latches=<Latches>");
+        return -1;
+    }
+    if (!PyList_Check(signal)) {
+        PyErr_SetString(PyExc_TypeError, "pop_many: signal must be a list of latch indices");
+        return -1;
+    }
+    LatchesObject *lo = (LatchesObject *)latches;
+    b->pshared = lo->pshared;
+    Py_ssize_t total = PyList_GET_SIZE(signal);
+    for (Py_ssize_t i = 0; i < total; i++) {
+        lrt_latch *l = latch_of(lo, PyList_GET_ITEM(signal, i));
+        if (!l) return -1;
+        if (b->n == SIGNAL_CHUNK) { /* more than a chunk: the rest are set now, GIL held (rare) */
+            lrt_latch_set(l, lo->pshared);
+            continue;
+        }
+        b->at[b->n++] = l;
+    }
+    return PyList_SetSlice(signal, 0, total, NULL);
+}
+
+static const char *const PUSH_WAIT_NAMES[] = {"request_id", "slot", "nbytes", "t_ns", "aux0", "aux1",
+                                              "aux2",       "kind", "latches", "latch", "spin_ns"};
+
+typedef struct {
+    const lrt_desc *d;
+    lrt_latch *latch;
+    int pshared;
+    int64_t spin_ns;
+} push_wait_arg;
+
+static PyObject *ring_push_wait(RingObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *a[N_DESC_ARGS + 3];
+    lrt_desc d;
+    int64_t spin_ns;
+    if (parse(args, nargs, kwnames, PUSH_WAIT_NAMES, N_DESC_ARGS + 3, 1, a, "push_wait") < 0 ||
+        desc_from_args(a, &d) < 0 || as_spin_ns(a[N_DESC_ARGS + 2], &spin_ns) < 0)
+        return NULL;
+    if (!a[N_DESC_ARGS] || !PyObject_TypeCheck(a[N_DESC_ARGS], &LatchesType) || !a[N_DESC_ARGS + 1]) {
+        PyErr_SetString(PyExc_TypeError, "push_wait: latches=<Latches> and latch=<index> are required");
+        return NULL;
+    }
+    LatchesObject *lo = (LatchesObject *)a[N_DESC_ARGS];
+    lrt_latch *l = latch_of(lo, a[N_DESC_ARGS + 1]);
+    if (!l) return NULL;
+    int rc, done = 0;
+    Py_BEGIN_ALLOW_THREADS rc = lrt_ring_try_push(self->r, &d);
+    if (rc == LRT_OK) done = lrt_latch_wait(l, lo->pshared, spin_ns, -1) == LRT_OK;
+    Py_END_ALLOW_THREADS
+    if (rc == LRT_FULL) Py_RETURN_FALSE;
+    if (rc != LRT_OK) return raise_rc(rc, "push_wait");
+    if (!done) { /* interrupted by a signal: run the handlers, then keep waiting */
+        if (PyErr_CheckSignals() < 0) return NULL;
+        if (latch_wait_released(l, lo->pshared, spin_ns, -1) < 0) return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* ================================ Notifier ================================================= */
 
 typedef struct {
@@ -1212,7 +1501,7 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "lumenrt.native._c
                                        "Thin binding over the lumenrt native core.", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__core(void) {
-    PyTypeObject *types[] = {&ItemType, &RegionType, &RingType, &SlabType, &BumpType, &NotifierType};
+    PyTypeObject *types[] = {&ItemType, &RegionType, &RingType, &SlabType, &BumpType, &NotifierType, &LatchesType};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
@@ -1228,6 +1517,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyModule_AddObjectRef(m, "SlabPool", (PyObject *)&SlabType) < 0 ||
         PyModule_AddObjectRef(m, "BumpArena", (PyObject *)&BumpType) < 0 ||
         PyModule_AddObjectRef(m, "Notifier", (PyObject *)&NotifierType) < 0 ||
+        PyModule_AddObjectRef(m, "Latches", (PyObject *)&LatchesType) < 0 ||
+        PyModule_AddIntConstant(m, "LATCH_STRIDE", LRT_LATCH_STRIDE) < 0 ||
         PyModule_AddIntConstant(m, "NOTIFIER_BYTES", LRT_NOTIFIER_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_AGENTS", LRT_MAX_AGENTS) < 0 ||
         PyModule_AddIntConstant(m, "CACHELINE", LRT_CACHELINE) < 0 ||
