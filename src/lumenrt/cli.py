@@ -50,6 +50,17 @@ def _build_parser() -> argparse.ArgumentParser:
             "commit and configuration.",
         )
     )
+    from lumenrt.bench.stages import add_arguments as add_stage_args
+
+    add_stage_args(
+        bench_sub.add_parser(
+            "stages",
+            help="where a batch-1 request spends its time: per-stage medians, thread and process mode",
+            description="Send digits_mlp requests one at a time from one synchronous client and print "
+            "the median and p99 of each stage (ingress, hand-off to the worker, compute, return to "
+            "the caller) from the engine's own timestamps. Writes a result file.",
+        )
+    )
     return parser
 
 
@@ -67,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lumenrt.bench.engine_bench import run_from_args as run_engine_bench
 
         return run_engine_bench(args)
+    if args.command == "bench" and args.bench_command == "stages":
+        from lumenrt.bench.stages import run_from_args as run_stages
+
+        return run_stages(args)
     return 2
 
 

@@ -58,3 +58,19 @@ def test_bench_engine_rejects_bad_arguments(tmp_path: Path) -> None:
     out = run(["bench", "engine", "--duration-s", "0", "--out", str(tmp_path)])
     assert out.returncode == 2 and "--duration-s" in out.stderr
     assert not list(tmp_path.glob("engine-*.json"))
+
+
+def test_bench_stages_prints_every_stage_and_writes_them(tmp_path: Path) -> None:
+    out = run(["bench", "stages", "--requests", "300", "--warmup", "30", "--out", str(tmp_path)])
+    assert out.returncode == 0, out.stdout + out.stderr
+    for stage in ("ingress", "handoff to worker", "compute", "return to caller", "total"):
+        assert stage in out.stdout
+    (result,) = tmp_path.glob("stages-*.json")
+    data = json.loads(result.read_text())
+    assert data["model"] == "digits_mlp" and data["requests"] == 300
+    for mode in ("thread", "process"):
+        stages = data["stages_us"][mode]
+        assert all(v["p50_us"] >= 0 for v in stages.values()), stages
+        # the stages partition the call: their medians cannot exceed the total's p99
+        parts = sum(v["p50_us"] for k, v in stages.items() if k != "total")
+        assert parts <= stages["total"]["p99_us"] * 2, stages

@@ -51,7 +51,9 @@ SCENARIOS = ("squeezenet", "digits-overhead", "matrix")
 RAW = "raw"
 WORKERS = 2  # the setup: 2 workers (one per core of this 2-core machine), 2 raw threads
 # Guessed, then checked: 2 workers x squeezenet's preferred batch of 4; with 8 in flight every
-# batch ran 4 rows in the --quick runs here (mean batch 4.0).
+# batch ran 4 rows in the --quick runs here (mean batch 4.0). 16 in flight was tried (commit
+# a3e8cf4, one run): batches of 5-7 rows, which ONNX Runtime runs slower per row here (8.0 vs
+# 7.0 ms), so 0.913 of raw against 0.922 at 8 in the run before.
 DEFAULT_CONCURRENCY = 8
 # Full run: 15 measured phases (squeezenet 3, digits 4, matrix 8; the matrix reuses the squeezenet
 # raw row) of 8 s + 1 s warm-up, plus engine and session loads (~0.3 s each, measured with
