@@ -53,7 +53,7 @@ from lumenrt.engine.request import (
     RequestTimeout,
     WorkerDied,
 )
-from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, abandon, admit
+from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, admit, push_and_wait
 from lumenrt.engine.slot_layout import (
     SlotTooSmall,
     header,
@@ -283,25 +283,9 @@ class ProcessModelRuntime:
     def run(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferRequest:
         """Synchronous: queue and wait in this thread with the GIL released (see ModelRuntime.run)."""
         req = self._prepare(inputs, timeout_s, None)
-        try:
-            pushed = self.ring.push_wait(
-                req.index,
-                slot=req.slot,
-                aux0=req.rows,
-                aux1=req.generation,
-                aux2=req.deadline_ns,
-                kind=SYNC,
-                latches=self.table.latches,
-                latch=req.index,
-                spin_ns=self._spin_ns,
-            )
-        except RingClosed:
-            pushed = False
-        except BaseException:
-            abandon(self, req)
-            raise
-        if not pushed:
-            self._refuse(req)
+        push_and_wait(
+            self, req, slot=req.slot, aux0=req.rows, aux1=req.generation, aux2=req.deadline_ns, kind=SYNC
+        )
         if not req.finished:  # the worker set the latch itself: read the answer from the slot
             req.finished = True
             slot_view = self.pool.view(req.slot)

@@ -80,6 +80,22 @@ def abandon(runtime: "ModelRuntime | Any", req: InferRequest) -> None:
         runtime.release(req)
 
 
+def push_and_wait(runtime: Any, req: InferRequest, **desc: int) -> None:
+    """The synchronous hand-off both worker modes share: push ``req`` (descriptor fields ``desc``)
+    and wait for its latch in this thread; a full or closed ring refuses it (``_refuse``)."""
+    try:
+        pushed = runtime.ring.push_wait(
+            req.index, latches=runtime.table.latches, latch=req.index, spin_ns=runtime._spin_ns, **desc
+        )
+    except RingClosed:
+        pushed = False
+    except BaseException:  # e.g. KeyboardInterrupt while waiting: the request is in flight
+        abandon(runtime, req)
+        raise
+    if not pushed:
+        runtime._refuse(req)
+
+
 def _ring_capacity(n: int) -> int:
     cap = 2
     while cap < n:
@@ -192,17 +208,7 @@ class ModelRuntime:
         then sleeping, with the GIL released from the push on). Returns it completed; the caller
         reads it, then releases it."""
         req = self._prepare(inputs, timeout_s, None)
-        try:
-            pushed = self.ring.push_wait(
-                req.index, aux0=req.rows, latches=self.table.latches, latch=req.index, spin_ns=self._spin_ns
-            )
-        except RingClosed:
-            pushed = False
-        except BaseException:  # e.g. KeyboardInterrupt while waiting: the request is in flight
-            abandon(self, req)
-            raise
-        if not pushed:
-            self._refuse(req)
+        push_and_wait(self, req, aux0=req.rows)
         return req
 
     def _prepare(
