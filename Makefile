@@ -1,14 +1,22 @@
 # lumenrt: one entry point for set-up, tests and checks.
-#   make serve   create .venv, build the native core, run the demo (the server comes with the engine)
+#   make serve   create .venv, build the native core, serve the built-in models (HTTP 8000, gRPC 8001,
+#                TCP 8003 on 127.0.0.1; `make serve ARGS="--mode process"` passes flags to lumenrt serve)
 #   make test    everything CI runs: C tests (+ ASan/UBSan, TSan builds), ruff, mypy, pytest
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 # build dependencies are installed into the venv so the package builds without isolation (offline-friendly)
-BUILD_DEPS := scikit-build-core>=0.10 cmake>=3.18 ninja
+BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.1,<1.86'
 
-.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python bench clean
+# Real clients for the e2e tests and benchmarks. tritonclient 2.51.0 is the last release whose
+# perf_analyzer binary runs on this glibc; it pins numpy<2 and protobuf<5, which onnx and our gRPC
+# gencode cannot use, so it is installed without its pins and its other needs are listed here.
+# perf_analyzer also links libb64 (Debian) and libcudart (nvidia-cuda-runtime-cu12; no GPU needed).
+E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
+            'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
+
+.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python bench bench-serve triton-peer clean
 
 all: install
 
@@ -19,8 +27,16 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install -q $(BUILD_DEPS)
 	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch]'
+	$(BIN)/pip install -q --no-deps tritonclient==2.51.0
+	$(BIN)/pip install -q $(E2E_DEPS)
+	@ldconfig -p | grep -q libb64.so.0d || (apt-get install -y -q libb64-0d >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libb64-0d >/dev/null 2>&1)) || \
+	  echo "note: could not install Debian's libb64-0d: the perf_analyzer e2e tests will be skipped"
 
-serve demo: install
+serve: install
+	$(BIN)/lumenrt serve $(ARGS)
+
+demo: install
 	$(BIN)/lumenrt demo
 
 test: install test-native test-sanitize lint typecheck test-python
@@ -52,6 +68,17 @@ test-python:
 
 bench: install
 	$(BIN)/lumenrt bench queues
+
+# The Triton peer of `lumenrt bench serve`: Triton 2.51 through PyTriton, in its own venv (it needs
+# numpy<2 and protobuf 6, which the project cannot use).
+TRITON_VENV := .venv-triton
+triton-peer: $(TRITON_VENV)/bin/python
+$(TRITON_VENV)/bin/python:
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install -q nvidia-pytriton==0.7.0 numpy onnxruntime==$$($(BIN)/python -c 'import onnxruntime as o; print(o.__version__)')
+
+bench-serve: install triton-peer
+	$(BIN)/lumenrt bench serve
 
 clean:
 	rm -rf build results .pytest_cache .mypy_cache .ruff_cache

@@ -24,12 +24,13 @@ def ring_kind(request: pytest.FixtureRequest) -> str:
 def no_leftovers() -> Iterator[None]:
     """Children and segments a test starts must be gone when it ends (those of wider-scoped
     fixtures, set up before this one, are theirs to clean up)."""
-    before = set(leftover_segments(SHM_PREFIX))
+    mine = f"{SHM_PREFIX}{os.getpid()}."  # segments this process made (others may run tests beside us)
+    before = set(leftover_segments(mine))
     children_before = set(multiprocessing.active_children())
     yield
     for child in set(multiprocessing.active_children()) - children_before:
         child.kill()
         child.join(5)
         pytest.fail(f"test left a child process running: {child}")
-    left = set(leftover_segments(SHM_PREFIX)) - before
+    left = set(leftover_segments(mine)) - before
     assert not left, f"shared memory left in /dev/shm: {sorted(left)}"

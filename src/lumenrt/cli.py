@@ -12,6 +12,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    from lumenrt.server.serve import add_arguments as add_serve_args
+
+    add_serve_args(
+        sub.add_parser(
+            "serve",
+            help="serve a model repository over KServe V2 HTTP and gRPC and the binary TCP protocol",
+            description="Serve a model repository (default: the built-in models) over KServe V2 "
+            "HTTP/REST (tritonclient.http, perf_analyzer), KServe V2 gRPC (tritonclient.grpc) and "
+            "lumenrt's binary TCP protocol (lumenrt.client). Prints where it listens, then 'ready'.",
+        )
+    )
+
     demo = sub.add_parser(
         "demo",
         help="run a short demo of the native core (ring + arena across processes)",
@@ -61,11 +73,28 @@ def _build_parser() -> argparse.ArgumentParser:
             "the caller) from the engine's own timestamps. Writes a result file.",
         )
     )
+    from lumenrt.bench.serve_bench import add_arguments as add_serve_bench_args
+
+    add_serve_bench_args(
+        bench_sub.add_parser(
+            "serve",
+            help="lumenrt serve vs Triton (perf_analyzer, SqueezeNet) and round trips vs a TCP echo",
+            description="In one run: SqueezeNet through 2 raw ONNX Runtime threads (the ceiling); "
+            "perf_analyzer against `lumenrt serve` and against Triton (PyTriton, .venv-triton) at "
+            "concurrency 1, 2, 4, 8 over HTTP and gRPC; digits_mlp batch-1 round trips over TCP "
+            "(against a loopback echo of the same bytes), HTTP binary and gRPC. Servers run one at "
+            "a time. Prints tables and the acceptance ratios; writes a result file.",
+        )
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        from lumenrt.server.serve import run_from_args as run_serve
+
+        return run_serve(args)
     if args.command == "demo":
         from lumenrt.demo import run_demo
 
@@ -78,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lumenrt.bench.engine_bench import run_from_args as run_engine_bench
 
         return run_engine_bench(args)
+    if args.command == "bench" and args.bench_command == "serve":
+        from lumenrt.bench.serve_bench import run_from_args as run_serve_bench
+
+        return run_serve_bench(args)
     if args.command == "bench" and args.bench_command == "stages":
         from lumenrt.bench.stages import run_from_args as run_stages
 

@@ -1,0 +1,374 @@
+"""KServe V2 (Open Inference Protocol) HTTP clients, with Triton's binary tensor data extension.
+
+    with HttpClient("127.0.0.1", 8000) as client:
+        result = client.infer("digits_mlp", {"input": x})              # binary tensors
+        result = client.infer("digits_mlp", {"input": x}, binary=False)  # plain JSON
+
+Binary form (the extension): the body is the JSON inference header followed by each input's raw
+bytes (little-endian, row-major; BYTES as 4-byte length + bytes per element); the header's
+length is in ``Inference-Header-Content-Length`` and each input says its size in
+``parameters.binary_data_size``. Outputs are asked for as binary (``binary_data`` per output, or
+``binary_data_output`` for all) and come back the same way. JSON form: ``data`` lists.
+
+``timing=True`` sends the request parameter ``lumenrt_timing``; the server's stage times come
+back as ``lumenrt_*`` response parameters and land in ``InferResult.timing`` without the prefix.
+``timeout_s`` is sent as Triton's ``timeout`` request parameter (microseconds).
+
+Only the standard library (http.client, asyncio streams) and numpy.
+"""
+
+import asyncio
+import contextlib
+import http.client
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from lumenrt.client.errors import InferenceError
+from lumenrt.client.result import InferResult
+from lumenrt.engine import dtypes
+from lumenrt.server.tcp_protocol import DATATYPE_CODES, ProtocolError, TensorDesc, from_raw, to_raw
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+TIMING_PARAMETER = "lumenrt_timing"  # lumenrt.server.service.TIMING_PARAMETER
+_TIMING_PREFIX = "lumenrt_"
+_CODE_NAMES = {code: name for name, code in DATATYPE_CODES.items()}
+MAX_HEADER_BYTES = 64 << 10  # a response's status line and headers (async client)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One encoded inference request: its path, headers and body."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def infer_path(model: str, version: str | int | None) -> str:
+    path = f"/v2/models/{quote(model, safe='')}"
+    if version is not None and str(version) != "":
+        path += f"/versions/{quote(str(version), safe='')}"
+    return path + "/infer"
+
+
+def encode_infer(
+    model: str,
+    inputs: Mapping[str, Any],
+    outputs: Iterable[str] | None = None,
+    version: str | int | None = None,
+    timeout_s: float | None = None,
+    timing: bool = False,
+    binary: bool = True,
+    request_id: str = "",
+) -> HttpRequest:
+    header: dict[str, Any] = {}
+    if request_id:
+        header["id"] = request_id
+    params: dict[str, Any] = {}
+    if timing:
+        params[TIMING_PARAMETER] = True
+    if timeout_s is not None:
+        params["timeout"] = max(1, round(timeout_s * 1e6))
+    tensors: list[dict[str, Any]] = []
+    raws: list[bytes | memoryview] = []
+    for name, value in inputs.items():
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        code, raw = to_raw(array)
+        entry: dict[str, Any] = {"name": name, "datatype": _CODE_NAMES[code], "shape": list(array.shape)}
+        if binary:
+            entry["parameters"] = {"binary_data_size": len(raw) if isinstance(raw, bytes) else raw.nbytes}
+            raws.append(raw)
+        else:
+            entry["data"] = _json_data(array, _CODE_NAMES[code])
+        tensors.append(entry)
+    header["inputs"] = tensors
+    if outputs is not None:
+        header["outputs"] = [{"name": n, "parameters": {"binary_data": binary}} for n in outputs]
+    else:
+        params["binary_data_output"] = binary
+    if params:
+        header["parameters"] = params
+    head = json.dumps(header, separators=(",", ":")).encode()
+    headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
+    if binary:
+        headers[HEADER_LENGTH] = str(len(head))
+        body = b"".join([head, *raws])
+    else:
+        body = head
+    return HttpRequest(infer_path(model, version), headers, body)
+
+
+def _json_data(array: Any, datatype: str) -> list[Any]:
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        return [(x if isinstance(x, bytes) else str(x).encode()).decode("utf-8", "replace") for x in flat]
+    data: list[Any] = flat.tolist()
+    return data
+
+
+def decode_infer(status: int, headers: Mapping[str, str], body: bytes) -> InferResult:
+    """The result of an inference response; InferenceError for an error status."""
+    if status != 200:
+        raise InferenceError(status, _error_message(body))
+    length_text = headers.get(HEADER_LENGTH.lower())
+    head_len = len(body)
+    if length_text is not None:
+        if not length_text.isdigit() or int(length_text) > len(body):
+            raise InferenceError(502, f"bad {HEADER_LENGTH} {length_text!r} for a body of {len(body)} bytes")
+        head_len = int(length_text)
+    try:
+        doc = json.loads(body[:head_len])
+        outputs_json = doc.get("outputs", [])
+        view = memoryview(body)
+        at = head_len
+        outputs: dict[str, Any] = {}
+        for out in outputs_json:
+            name = str(out["name"])
+            datatype = str(out["datatype"])
+            shape = tuple(int(d) for d in out["shape"])
+            if not dtypes.is_valid(datatype):
+                raise ValueError(f"output {name!r}: datatype {datatype!r} is not a V2 datatype")
+            size = (out.get("parameters") or {}).get("binary_data_size")
+            if size is not None:
+                size = int(size)
+                if at + size > len(body):
+                    raise ValueError(f"output {name!r}: {size} bytes of binary data past the body's end")
+                outputs[name] = from_raw(view[at : at + size], TensorDesc(name, datatype, shape, size), name)
+                at += size
+            else:
+                outputs[name] = _from_json(out.get("data", []), datatype, shape)
+        params = doc.get("parameters") or {}
+        timing = {
+            k[len(_TIMING_PREFIX) :]: int(v)
+            for k, v in params.items()
+            if k.startswith(_TIMING_PREFIX) and isinstance(v, int) and not isinstance(v, bool)
+        }
+        return InferResult(str(doc.get("model_name", "")), str(doc.get("model_version", "")), outputs, timing)
+    except (ValueError, KeyError, TypeError, ProtocolError) as exc:
+        message = exc.message if isinstance(exc, ProtocolError) else str(exc)
+        raise InferenceError(502, f"bad inference response from the server: {message}") from None
+
+
+def _from_json(data: Any, datatype: str, shape: tuple[int, ...]) -> Any:
+    if datatype == "BYTES":
+        flat = [
+            x.encode() if isinstance(x, str) else bytes(x) for x in np.asarray(data, dtype=object).reshape(-1)
+        ]
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return out.reshape(shape)
+    return np.asarray(data, dtype=dtypes.to_numpy(datatype)).reshape(shape)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+        if isinstance(doc, dict) and "error" in doc:
+            return str(doc["error"])
+    except ValueError:
+        pass
+    return body.decode("utf-8", "replace") or "(no message)"
+
+
+class HttpClient:
+    """A blocking KServe V2 HTTP client over one keep-alive connection (``http.client``)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 8000, *, timeout_s: float | None = 60.0) -> None:
+        """``timeout_s``: how long a connect, send or receive may block (None: no limit)."""
+        self.host = host
+        self.port = port
+        self._conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        self._next_id = 1
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "HttpClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        reused = self._conn.sock is not None
+        for attempt in (0, 1):
+            try:
+                self._conn.request(method, path, body=body, headers=dict(headers or {}))
+                resp = self._conn.getresponse()
+                data = resp.read()
+                if resp.will_close:
+                    self._conn.close()
+                return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._conn.close()
+                if attempt or not reused:  # retried once: a kept-alive connection the server closed
+                    raise
+        raise AssertionError("unreachable")
+
+    def get_json(self, path: str) -> Any:
+        """GET a V2 JSON endpoint (``/v2``, ``/v2/models/NAME``, ...); InferenceError on error."""
+        status, _, body = self._request("GET", path)
+        if status != 200:
+            raise InferenceError(status, _error_message(body))
+        return json.loads(body) if body else None
+
+    def live(self) -> bool:
+        return self._request("GET", "/v2/health/live")[0] == 200
+
+    def ready(self) -> bool:
+        return self._request("GET", "/v2/health/ready")[0] == 200
+
+    def model_metadata(self, model: str, version: str | int | None = None) -> Any:
+        path = f"/v2/models/{quote(model, safe='')}"
+        if version is not None:
+            path += f"/versions/{quote(str(version), safe='')}"
+        return self.get_json(path)
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: Iterable[str] | None = None,
+        version: str | int | None = None,
+        timeout_s: float | None = None,
+        timing: bool = False,
+        binary: bool = True,
+    ) -> InferResult:
+        rid = str(self._next_id)
+        self._next_id += 1
+        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, rid)
+        status, headers, body = self._request("POST", req.path, req.body, req.headers)
+        return decode_infer(status, headers, body)
+
+
+class _Connection:
+    """One kept-alive HTTP/1.1 connection of the async client."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def request(
+        self, host: str, method: str, path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes, bool]:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise ConnectionError(f"bad HTTP status line from the server: {status_line!r}")
+        response_headers: dict[str, str] = {}
+        for line in header_lines:
+            key, _, value = line.partition(":")
+            response_headers[key.strip().lower()] = value.strip()
+        if response_headers.get("transfer-encoding", "").lower() == "chunked":
+            data = await self._read_chunked()
+        else:
+            data = await self.reader.readexactly(int(response_headers.get("content-length", "0")))
+        keep = response_headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
+        return int(parts[1]), response_headers, data, keep
+
+    async def _read_chunked(self) -> bytes:
+        chunks: list[bytes] = []
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
+            if size == 0:
+                await self.reader.readuntil(b"\r\n")  # no trailers expected: the empty line
+                return b"".join(chunks)
+            chunks.append(await self.reader.readexactly(size))
+            await self.reader.readexactly(2)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class AsyncHttpClient:
+    """An asyncio KServe V2 HTTP client: concurrent requests over a small pool of keep-alive
+    connections (one request at a time on each, as HTTP/1.1 without pipelining)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 8000, *, max_connections: int = 16) -> None:
+        self.host = host
+        self.port = port
+        self.max_connections = max_connections
+        self._idle: list[_Connection] = []
+        self._slots: asyncio.Semaphore | None = None
+        self._next_id = 1
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await conn.writer.wait_closed()
+
+    async def __aenter__(self) -> "AsyncHttpClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _request(
+        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_connections)
+        async with self._slots:
+            for attempt in (0, 1):
+                reused = bool(self._idle)
+                conn = self._idle.pop() if reused else await self._open()
+                try:
+                    status, response_headers, data, keep = await conn.request(
+                        f"{self.host}:{self.port}", method, path, headers or {}, body
+                    )
+                except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                    conn.close()
+                    if attempt or not reused:
+                        raise ConnectionError(
+                            f"HTTP request to {self.host}:{self.port} failed: {exc}"
+                        ) from exc
+                    continue  # a kept-alive connection the server had closed: once more on a new one
+                except BaseException:
+                    conn.close()
+                    raise
+                if keep:
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+                return status, response_headers, data
+        raise AssertionError("unreachable")
+
+    async def _open(self) -> _Connection:
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEADER_BYTES)
+        return _Connection(reader, writer)
+
+    async def get_json(self, path: str) -> Any:
+        status, _, body = await self._request("GET", path)
+        if status != 200:
+            raise InferenceError(status, _error_message(body))
+        return json.loads(body) if body else None
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: Iterable[str] | None = None,
+        version: str | int | None = None,
+        timeout_s: float | None = None,
+        timing: bool = False,
+        binary: bool = True,
+    ) -> InferResult:
+        rid = str(self._next_id)
+        self._next_id += 1
+        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, rid)
+        status, headers, body = await self._request("POST", req.path, req.body, req.headers)
+        return decode_infer(status, headers, body)

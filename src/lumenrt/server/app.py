@@ -1,0 +1,143 @@
+"""``ServerApp``: the engine, the inference service and the front ends on one event loop.
+
+    app = ServerApp(engine, ServeOptions(http_port=8000, grpc_port=8001, tcp_port=8003))
+    await app.start()          # listening; app.ports says where (port 0 = any free port)
+    await app.shutdown()       # readiness false, new requests refused, in-flight ones finish
+
+Shutdown order (what ``lumenrt serve`` does on SIGINT/SIGTERM):
+  1. the service stops accepting: readiness turns false and every new request is answered 503
+     (the listeners stay open, so load balancers see the readiness change and clients get a
+     clear answer rather than a refused connection);
+  2. requests in flight finish, for at most ``limits.grace_s``;
+  3. the listeners close, then the front ends close their connections; the caller then closes
+     the engine, which stops its workers (process mode: the worker processes exit and the shared
+     memory segments are unlinked).
+
+``ServerThread`` runs an app on a loop in a background thread, for tests and embedding.
+"""
+
+import asyncio
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lumenrt.engine.engine import Engine
+from lumenrt.server.service import InferenceService, ServeLimits
+
+
+class FrontEnd(Protocol):
+    port: int
+
+    async def stop_listening(self) -> None:
+        """Close the listening socket(s): no new connections."""
+
+    async def close(self) -> None:
+        """Close every connection (after in-flight requests were answered or the grace passed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    http_port: int | None = 8000  # None: this front end is off; 0: any free port
+    grpc_port: int | None = 8001
+    tcp_port: int | None = 8003
+    limits: ServeLimits = field(default_factory=ServeLimits)
+
+
+class ServerApp:
+    def __init__(self, engine: Engine, options: ServeOptions | None = None) -> None:
+        self.engine = engine
+        self.options = options or ServeOptions()
+        self.service = InferenceService(engine, self.options.limits)
+        self.front_ends: dict[str, FrontEnd] = {}
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {name: fe.port for name, fe in self.front_ends.items()}
+
+    async def start(self) -> None:
+        opts = self.options
+        try:
+            if opts.http_port is not None:
+                from lumenrt.server.http_server import start_http
+
+                self.front_ends["http"] = await start_http(self.service, opts.host, opts.http_port)
+            if opts.grpc_port is not None:
+                from lumenrt.server.grpc_server import start_grpc
+
+                self.front_ends["grpc"] = await start_grpc(self.service, opts.host, opts.grpc_port)
+            if opts.tcp_port is not None:
+                from lumenrt.server.tcp_server import start_tcp
+
+                self.front_ends["tcp"] = await start_tcp(self.service, opts.host, opts.tcp_port)
+        except BaseException:
+            await self._close_front_ends()
+            raise
+
+    async def shutdown(self) -> bool:
+        """Drain and stop; True if every in-flight request finished within the grace period."""
+        self.service.stop_accepting()
+        drained = await self.service.wait_idle(self.options.limits.grace_s)
+        for fe in self.front_ends.values():
+            with contextlib.suppress(Exception):
+                await fe.stop_listening()
+        await self._close_front_ends()
+        return drained
+
+    async def _close_front_ends(self) -> None:
+        for fe in self.front_ends.values():
+            with contextlib.suppress(Exception):
+                await fe.close()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; kept for embedding
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class ServerThread:
+    """An app on its own event loop in a background thread (tests, embedding)::
+
+    with ServerThread(engine, ServeOptions(http_port=0, grpc_port=0, tcp_port=0)) as st:
+        st.ports["http"]
+    """
+
+    def __init__(self, engine: Engine, options: ServeOptions | None = None) -> None:
+        self.app = ServerApp(engine, options)
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="lumenrt-server", daemon=True)
+        self.drained: bool | None = None
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.app.ports
+
+    def call(self, coro: Any, timeout_s: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self.call(self.app.start())
+        return self
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        try:
+            self.drained = self.call(self.app.shutdown(), timeout_s=self.app.options.limits.grace_s + 30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(30)
+            self.loop.close()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

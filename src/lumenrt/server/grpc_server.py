@@ -1,0 +1,358 @@
+"""KServe V2 over gRPC: ``inference.GRPCInferenceService`` on grpc.aio, for tritonclient.grpc and
+perf_analyzer unchanged.
+
+Every rpc of ``proto/grpc_service.proto`` is served (the handler table is built from the .proto's
+service, so a new rpc without a handler fails at start-up); anything else (shared memory, trace,
+streaming) is answered UNIMPLEMENTED by grpc. Messages travel as the generated protobuf classes; the
+service is registered under Triton's wire name, so clients call ``/inference.GRPCInferenceService/…``.
+
+Invariants
+  - Handlers run on the event loop that started the server (the one loop of ``lumenrt serve``,
+    uvloop's when installed): they call the service from that thread only, as its counters need.
+    Model load and unload block, so they run in the loop's default executor (the service
+    serialises them).
+  - ModelInfer answers in raw form: one ``raw_output_contents`` entry per output, as Triton does
+    and as tritonclient reads it. Inputs come from ``raw_input_contents`` (one entry per input, in
+    order) or, for a request without any, from each input's typed ``contents``.
+  - A failed rpc is answered with the gRPC status of its ServerError (``errors.GRPC_CODES``) and a
+    message that names the field; no rpc leaks a Python exception as UNKNOWN.
+  - One message is at most ``limits.max_body_bytes`` either way (grpc answers RESOURCE_EXHAUSTED).
+
+Shutdown order (driven by ``ServerApp.shutdown``)
+  1. the service stops accepting: ModelInfer is answered UNAVAILABLE from now on;
+  2. ``stop_listening``: grpc stops taking new rpcs (its listener closes) and gives those in flight
+     ``limits.grace_s`` to finish;
+  3. the app waits for the service's in-flight requests;
+  4. ``close``: any rpc still running is cancelled (its engine request is cancelled with it) and
+     the server is released.
+"""
+
+import asyncio
+import math
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from lumenrt.engine import dtypes
+from lumenrt.engine.request import Array
+from lumenrt.server.errors import GRPC_CODES, ServerError, as_server_error, bad_request
+from lumenrt.server.service import TIMING_PARAMETER, InferenceService, WireInput
+from lumenrt.server.tensors import check_datatype, check_shape, from_raw, to_raw
+
+try:
+    import lumenrt.server.proto.grpc_service_pb2 as pb
+except ImportError as exc:  # pragma: no cover - a source tree that was never built
+    raise ImportError(
+        "lumenrt.server.proto.grpc_service_pb2 is generated when the package is built; "
+        "rebuild with `pip install --no-build-isolation -e .`"
+    ) from exc
+
+SERVICE_NAME = "inference.GRPCInferenceService"  # the wire name Triton's clients call
+_LITTLE_ENDIAN_HOST = sys.byteorder == "little"
+
+# InferTensorContents field for each datatype, and the dtype protobuf holds it in.
+_CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
+    "BOOL": ("bool_contents", np.dtype(np.bool_)),
+    "INT8": ("int_contents", np.dtype(np.int32)),
+    "INT16": ("int_contents", np.dtype(np.int32)),
+    "INT32": ("int_contents", np.dtype(np.int32)),
+    "INT64": ("int64_contents", np.dtype(np.int64)),
+    "UINT8": ("uint_contents", np.dtype(np.uint32)),
+    "UINT16": ("uint_contents", np.dtype(np.uint32)),
+    "UINT32": ("uint_contents", np.dtype(np.uint32)),
+    "UINT64": ("uint64_contents", np.dtype(np.uint64)),
+    "FP32": ("fp32_contents", np.dtype(np.float32)),
+    "FP64": ("fp64_contents", np.dtype(np.float64)),
+    "BYTES": ("bytes_contents", np.dtype(np.object_)),
+}
+_DATATYPE_OF: dict[np.dtype[Any], str] = {}  # output dtype -> V2 name, filled as outputs are seen
+
+
+def _status(err: ServerError) -> grpc.StatusCode:
+    return grpc.StatusCode[GRPC_CODES.get(err.status, "INTERNAL")]
+
+
+def _as_dict(message: Any, value: dict[str, Any]) -> Any:
+    """``message`` filled from the JSON-shaped dict the service answers with (Triton's field
+    names); keys the .proto does not declare (lumenrt's own extras) are left out."""
+    return json_format.ParseDict(value, message, ignore_unknown_fields=True)
+
+
+# ---- ModelInfer codecs ----------------------------------------------------------------------------
+
+
+def _param(params: Any, key: str, kind: str, where: str) -> Any:
+    """The value of parameter ``key`` (None when absent), which must be of oneof member ``kind``."""
+    if key not in params:
+        return None
+    p = params[key]
+    if p.WhichOneof("parameter_choice") != kind:
+        raise bad_request(f"{where} {key!r} must be a {kind}")
+    return getattr(p, kind)
+
+
+def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...], where: str) -> Array:
+    """An array from an input's typed ``contents`` (the field that matches ``datatype``)."""
+    entry = _CONTENTS.get(datatype)
+    if entry is None:
+        raise bad_request(
+            f"{where}: {datatype} data has no typed contents field; send it in raw_input_contents"
+        )
+    field, held = entry
+    for other, _ in contents.ListFields():
+        if other.name != field:
+            raise bad_request(f"{where}: contents.{other.name} given for a {datatype} tensor (use {field})")
+    values = getattr(contents, field)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise bad_request(
+            f"{where}: contents.{field} has {len(values)} values but shape {list(shape)} needs {count}"
+        )
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=object)
+        for i, item in enumerate(values):
+            out[i] = item
+        return out.reshape(shape)
+    wide = np.fromiter(values, dtype=held, count=count)
+    dt = dtypes.to_numpy(datatype)
+    if dt != held and count:
+        info = np.iinfo(dt)
+        if int(wide.min()) < info.min or int(wide.max()) > info.max:
+            raise bad_request(f"{where}: contents.{field} has values outside the range of {datatype}")
+    return wide.astype(dt, copy=False).reshape(shape)
+
+
+def _decode_inputs(request: Any, max_elements: int, model: str) -> list[WireInput]:
+    raw = request.raw_input_contents
+    inputs = request.inputs
+    if not inputs:
+        raise bad_request(f"model {model!r}: the request has no inputs")
+    if raw and len(raw) != len(inputs):
+        raise bad_request(
+            f"model {model!r}: raw_input_contents has {len(raw)} entries but the request has "
+            f"{len(inputs)} inputs (one entry per input, in order)"
+        )
+    out: list[WireInput] = []
+    for i, tensor in enumerate(inputs):
+        name = tensor.name
+        where = f"model {model!r}: input {name!r}"
+        datatype = check_datatype(tensor.datatype, f"{where}: datatype")
+        shape = check_shape(tuple(tensor.shape), f"{where}: shape", max_elements)
+        if tensor.parameters and "shared_memory_region" in tensor.parameters:
+            raise bad_request(
+                f"{where}: shared memory inputs are not supported; send the data in the request"
+            )
+        if raw:
+            if tensor.HasField("contents"):
+                raise bad_request(f"{where}: has contents, but the request sends raw_input_contents")
+            array = from_raw(raw[i], datatype, shape, where)
+        else:
+            array = _from_contents(tensor.contents, datatype, shape, where)
+        out.append(WireInput(name, datatype, shape, array))
+    return out
+
+
+def _requested_outputs(request: Any, model: str) -> list[str] | None:
+    if not request.outputs:
+        return None
+    names: list[str] = []
+    for out in request.outputs:
+        if out.parameters:
+            for key in ("classification", "shared_memory_region"):
+                if key in out.parameters:
+                    raise bad_request(f"model {model!r}: output {out.name!r}: {key} is not supported")
+        names.append(out.name)
+    return names
+
+
+def _datatype(array: Array) -> str:
+    name = _DATATYPE_OF.get(array.dtype)
+    if name is None:
+        name = _DATATYPE_OF[array.dtype] = dtypes.from_numpy(array.dtype)
+    return name
+
+
+def _raw(array: Array) -> bytes:
+    if _LITTLE_ENDIAN_HOST and array.dtype.kind in "biuf" and array.dtype.isnative:
+        return array.tobytes()  # one copy, row-major, whatever the strides
+    return bytes(to_raw(array))
+
+
+# ---- the servicer ---------------------------------------------------------------------------------
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+class GrpcServicer:
+    """One method per rpc (``ModelInfer`` -> ``model_infer``), each taking (request, context)."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+        self.limits = service.limits
+
+    # ---- health and metadata --------------------------------------------------------------------
+
+    async def server_live(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=self.service.live())
+
+    async def server_ready(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.service.ready())
+
+    async def model_ready(self, request: Any, context: Any) -> Any:
+        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+
+    async def server_metadata(self, request: Any, context: Any) -> Any:
+        return _as_dict(pb.ServerMetadataResponse(), self.service.server_metadata())
+
+    async def model_metadata(self, request: Any, context: Any) -> Any:
+        meta = self.service.model_metadata(request.name, request.version)
+        return _as_dict(pb.ModelMetadataResponse(), meta)
+
+    async def model_config(self, request: Any, context: Any) -> Any:
+        config = self.service.model_config(request.name, request.version)
+        return pb.ModelConfigResponse(config=_as_dict(pb.ModelConfig(), config))
+
+    async def model_statistics(self, request: Any, context: Any) -> Any:
+        stats = self.service.statistics(request.name or None, request.version or None)
+        return _as_dict(pb.ModelStatisticsResponse(), stats)
+
+    # ---- model repository -----------------------------------------------------------------------
+
+    async def repository_index(self, request: Any, context: Any) -> Any:
+        models = self.service.repository_index(ready_only=request.ready)
+        return _as_dict(pb.RepositoryIndexResponse(), {"models": models})
+
+    async def repository_model_load(self, request: Any, context: Any) -> Any:
+        name = request.model_name
+        if request.parameters:
+            raise bad_request(
+                f"model {name!r}: load parameters are not supported ({', '.join(sorted(request.parameters))}); "
+                "the model's config and files come from the repository"
+            )
+        await asyncio.get_running_loop().run_in_executor(None, self.service.load, name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_model_unload(self, request: Any, context: Any) -> Any:
+        await asyncio.get_running_loop().run_in_executor(None, self.service.unload, request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ---- inference ------------------------------------------------------------------------------
+
+    async def model_infer(self, request: Any, context: Any) -> Any:
+        received_ns = time.monotonic_ns()
+        service = self.service
+        rt = service.runtime(request.model_name, request.model_version)
+        model = rt.config.name
+        arrays = service.check_inputs(rt, _decode_inputs(request, self.limits.max_elements, model))
+        outputs = service.check_outputs(rt, _requested_outputs(request, model))
+        timeout_s: float | None = None
+        timing = False
+        params = request.parameters
+        if params:
+            timeout_us = _param(params, "timeout", "int64_param", "parameter")
+            if timeout_us is not None:
+                if timeout_us < 0:
+                    raise bad_request(
+                        f"parameter 'timeout' must be a non-negative integer (us), got {timeout_us}"
+                    )
+                timeout_s = timeout_us / 1e6 if timeout_us else None
+            timing = bool(_param(params, TIMING_PARAMETER, "bool_param", "parameter"))
+        remaining_s = context.time_remaining()  # the client's gRPC deadline, if it set one
+        if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
+            timeout_s = max(remaining_s, 0.0)
+        outcome = await service.infer(
+            rt, arrays, outputs, timeout_s=timeout_s, timing=timing, received_ns=received_ns
+        )
+        response = pb.ModelInferResponse(
+            model_name=outcome.model, model_version=str(outcome.version), id=request.id
+        )
+        add_output = response.outputs.add  # add() fills in place; a list of messages would be copied
+        raw = response.raw_output_contents
+        for name, array in outcome.outputs:
+            add_output(name=name, datatype=_datatype(array), shape=array.shape)
+            raw.append(_raw(array))
+        for key, value in outcome.parameters.items():
+            response.parameters[key].int64_param = value
+        return response
+
+
+def _guarded(handler: Handler) -> Handler:
+    """``handler`` with every failure answered as a gRPC status (ServerError's, else INTERNAL)."""
+
+    async def rpc(request: Any, context: Any) -> Any:
+        try:
+            return await handler(request, context)
+        except Exception as exc:  # CancelledError is not an Exception: cancellation passes through
+            err = as_server_error(exc)
+        await context.abort(_status(err), err.message)
+        raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+    return rpc
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def generic_handler(service: InferenceService) -> Any:
+    """The grpc handler for every rpc of the .proto's service, under :data:`SERVICE_NAME`."""
+    servicer = GrpcServicer(service)
+    methods: dict[str, Any] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request_class = getattr(pb, method.input_type.name)
+        response_class = getattr(pb, method.output_type.name)
+        methods[method.name] = grpc.unary_unary_rpc_method_handler(
+            _guarded(getattr(servicer, _snake(method.name))),
+            request_deserializer=request_class.FromString,
+            response_serializer=response_class.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
+
+
+# ---- the server -----------------------------------------------------------------------------------
+
+
+class GrpcServer:
+    """A running grpc.aio server (the app's FrontEnd)."""
+
+    def __init__(self, server: Any, port: int, grace_s: float) -> None:
+        self._server = server
+        self.port = port
+        self._grace_s = grace_s
+        self._stopping: asyncio.Task[None] | None = None
+
+    async def stop_listening(self) -> None:
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._server.stop(self._grace_s))
+            await asyncio.sleep(0)  # let the shutdown begin: no new rpcs from here on
+
+    async def close(self) -> None:
+        await self._server.stop(None)  # cancels what is still running (the tightest grace wins)
+        if self._stopping is not None:
+            await self._stopping
+
+
+async def start_grpc(service: InferenceService, host: str, port: int) -> GrpcServer:
+    """Serve ``service`` over gRPC on host:port (port 0: any free port) on the running loop."""
+    limit = service.limits.max_body_bytes
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
+        ]
+    )
+    server.add_generic_rpc_handlers((generic_handler(service),))
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"gRPC: cannot listen on {address}: {exc}") from None
+    await server.start()
+    return GrpcServer(server, bound, service.limits.grace_s)

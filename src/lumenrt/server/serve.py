@@ -1,0 +1,179 @@
+"""``lumenrt serve``: load a repository, listen on HTTP, gRPC and TCP, stop cleanly on a signal.
+
+Shutdown on SIGINT or SIGTERM (see ``ServerApp``): readiness turns false, new requests are
+refused (503), requests in flight finish within ``--grace-s``, then the engine stops its workers
+and unlinks its shared memory, and the process exits 0. A second signal during the drain skips
+the rest of the grace period.
+"""
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from lumenrt.server.service import ServeLimits
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "tcp": 8003}
+
+
+def _port(text: str) -> int | None:
+    if text in ("off", "none"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535 or 'off', got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535 or 'off', got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = (
+        "examples:\n"
+        "  lumenrt serve                                  built-in models on 127.0.0.1:8000/8001/8003\n"
+        "  lumenrt serve --repository ./models --mode process --workers 2\n"
+        "  lumenrt serve --http-port 0 --grpc-port off    any free HTTP port, no gRPC\n"
+        "\nOn SIGINT/SIGTERM: readiness false, new requests refused (503), in-flight requests finish\n"
+        "within --grace-s, workers stop, shared memory is removed, exit 0."
+    )
+    where = p.add_argument_group("where to listen")
+    where.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    for name, port in DEFAULT_PORTS.items():
+        where.add_argument(
+            f"--{name}-port",
+            type=_port,
+            default=port,
+            metavar="PORT",
+            help=f"{name.upper()} port (default {port}; 0 = any free port; 'off' = no {name.upper()} server)",
+        )
+    what = p.add_argument_group("what to serve")
+    what.add_argument(
+        "--repository",
+        type=Path,
+        help="model repository folder (<repo>/<model>/config.yaml + <repo>/<model>/<version>/...); "
+        "default: the built-in models (squeezenet, digits_mlp, tabular_xgb), built on first use",
+    )
+    what.add_argument("--models", nargs="+", metavar="NAME", help="load only these models (default: all)")
+    eng = p.add_argument_group("engine (override the --config file's engine section)")
+    eng.add_argument(
+        "--config", type=Path, help="server config file (lumenrt.json / .yaml, an 'engine' section)"
+    )
+    eng.add_argument("--workers", type=int, help="workers per model version (default: one per core)")
+    eng.add_argument("--mode", choices=("thread", "process"), help="worker threads or worker processes")
+    eng.add_argument("--queue-type", choices=("mpmc", "spsc", "naive", "batched"), help="request ring kind")
+    eng.add_argument("--allocator", choices=("lumen_arena", "standard"), help="where request tensors live")
+    eng.add_argument("--batch-size", type=int, help="max batch for models whose config does not say")
+    eng.add_argument("--spin-us", type=int, help="poll this long before sleeping (0 = sleep at once)")
+    eng.add_argument("--no-pin", action="store_true", help="do not pin workers to cores")
+    lim = p.add_argument_group("limits")
+    d = ServeLimits()
+    lim.add_argument(
+        "--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body/frame"
+    )
+    lim.add_argument("--max-elements", type=int, default=d.max_elements, help="most elements in one tensor")
+    lim.add_argument(
+        "--receive-timeout-s",
+        type=float,
+        default=d.receive_timeout_s,
+        help="a started request must arrive whole within this (slow clients are cut off)",
+    )
+    lim.add_argument(
+        "--idle-timeout-s", type=float, default=d.idle_timeout_s, help="close connections idle this long"
+    )
+    lim.add_argument(
+        "--grace-s", type=float, default=d.grace_s, help="shutdown: time in-flight requests get to finish"
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from lumenrt.engine.config import ConfigError
+    from lumenrt.engine.server_config import load_engine_config
+
+    try:
+        settings = load_engine_config(
+            args.config,
+            {
+                "thread_count": args.workers,
+                "worker_mode": args.mode,
+                "queue_type": args.queue_type,
+                "allocator_type": args.allocator,
+                "batch_size": args.batch_size,
+                "spin_us": args.spin_us,
+                "pin": False if args.no_pin else None,
+            },
+        )
+        limits = ServeLimits(
+            max_body_bytes=args.max_body_bytes,
+            max_elements=args.max_elements,
+            receive_timeout_s=args.receive_timeout_s,
+            idle_timeout_s=args.idle_timeout_s,
+            grace_s=args.grace_s,
+        )
+    except (ConfigError, OSError) as exc:
+        print(f"lumenrt serve: {exc}", file=sys.stderr)
+        return 2
+    from lumenrt.server.app import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(_serve(args, settings, limits))
+    finally:
+        loop.close()
+
+
+async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits) -> int:
+    from lumenrt.engine.engine import Engine
+    from lumenrt.server.app import ServeOptions, ServerApp
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    print(f"lumenrt serve: loading models ({settings.label})", flush=True)
+    try:
+        engine = await loop.run_in_executor(
+            None, lambda: Engine(args.repository, settings, models=args.models)
+        )
+    except Exception as exc:
+        print(f"lumenrt serve: cannot load the models: {exc}", file=sys.stderr)
+        return 2
+    app = ServerApp(
+        engine,
+        ServeOptions(args.host, args.http_port, args.grpc_port, args.tcp_port, limits),
+    )
+    try:
+        try:
+            await app.start()
+        except OSError as exc:
+            print(f"lumenrt serve: cannot listen: {exc}", file=sys.stderr)
+            return 2
+        where = " ".join(f"{name}={args.host}:{port}" for name, port in app.ports.items())
+        print(f"lumenrt serve: listening {where}", flush=True)
+        print(f"lumenrt serve: ready, models: {', '.join(engine.models())}", flush=True)
+        await stop.wait()
+        print("lumenrt serve: shutting down (draining in-flight requests)", flush=True)
+        drain = asyncio.ensure_future(app.shutdown())
+        while not drain.done():
+            before = signals
+            await asyncio.wait({drain}, timeout=0.05)
+            if signals > before and not drain.done():
+                print("lumenrt serve: second signal, not waiting for in-flight requests", flush=True)
+                app.service.in_flight = 0  # ends the drain wait; their answers are dropped
+        drained = drain.result()
+        if not drained:
+            print(f"lumenrt serve: grace period of {limits.grace_s:g} s over, requests dropped", flush=True)
+    finally:
+        await loop.run_in_executor(None, engine.close)
+    print("lumenrt serve: stopped", flush=True)
+    return 0

@@ -1,0 +1,821 @@
+"""The lumenrt binary TCP protocol, version 1: frame and metadata codecs (no sockets).
+
+Shared by the server front end (``lumenrt.server.tcp_server``) and the clients
+(``lumenrt.client.tcp``); the wire format is specified in docs/tcp-protocol.md. In short, every
+frame is::
+
+    header (24 bytes, little-endian)   magic "LRT", version, kind, flags, reserved u16,
+                                       request id u64, metadata length u32, payload length u32
+    metadata                           a small struct: model, version, tensor descriptors ...
+    payload                            the raw tensor bytes, one tensor after the other
+
+This module imports only numpy and ``lumenrt.engine.dtypes`` so that a client process does not
+load the engine or the native core. Its raw tensor codec follows ``lumenrt.server.tensors``
+(row-major, little-endian, BOOL one byte 0/1, BYTES as 4-byte length + bytes per element) but
+raises :class:`ProtocolError`, which both sides can handle.
+
+Bounds: nothing here allocates in proportion to a size the peer claims before that size was
+checked against a limit or against the bytes actually received. ``FrameDecoder`` keeps at most
+one incomplete frame, as the list of chunks received so far (never a buffer of the claimed size).
+"""
+
+import math
+import struct
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from lumenrt.engine import dtypes
+
+Array = npt.NDArray[Any]
+
+MAGIC = b"LRT"
+VERSION = 1
+_MAGIC_VERSION = int.from_bytes(MAGIC + bytes([VERSION]), "little")
+
+# Frame kinds.
+REQUEST = 1
+RESPONSE = 2
+ERROR = 3
+KIND_NAMES = {REQUEST: "request", RESPONSE: "response", ERROR: "error"}
+
+# Flags (a request's bit asks, a response's bit says it is there).
+FLAG_TIMING = 0x01
+KNOWN_FLAGS = FLAG_TIMING
+
+HEADER = struct.Struct("<IBBHQII")  # magic+version, kind, flags, reserved, id, meta bytes, payload bytes
+HEADER_BYTES = HEADER.size  # 24
+MAX_PAYLOAD_BYTES = (1 << 32) - 1  # the u32 payload length
+MAX_RANK = 32  # numpy's dimension limit (numpy 1.x)
+MAX_DIM = (1 << 63) - 1  # V2 dims are int64
+MAX_NAME_BYTES = 255  # u8 length prefix
+MAX_TIMEOUT_US = (1 << 32) - 1
+
+# Server stage times in a response, in this order (u64 each; see docs/tcp-protocol.md).
+TIMING_FIELDS = ("queue_ns", "batch_ns", "compute_ns", "return_ns", "engine_ns", "batch_size")
+
+# V2 datatype <-> one-byte code. 0 is never valid; new codes are only ever appended.
+DATATYPE_CODES: dict[str, int] = {
+    "BOOL": 1,
+    "UINT8": 2,
+    "UINT16": 3,
+    "UINT32": 4,
+    "UINT64": 5,
+    "INT8": 6,
+    "INT16": 7,
+    "INT32": 8,
+    "INT64": 9,
+    "FP16": 10,
+    "FP32": 11,
+    "FP64": 12,
+    "BYTES": 13,
+}
+_CODE_NAMES = {code: name for name, code in DATATYPE_CODES.items()}
+_ITEM_BYTES = {code: dtypes.element_size_bytes(name) for name, code in DATATYPE_CODES.items()}
+_LE_DTYPES = {
+    code: dtypes.to_numpy(name).newbyteorder("<") for name, code in DATATYPE_CODES.items() if name != "BYTES"
+}
+# numpy dtype -> code, for arrays already in little-endian (or single-byte) form
+_DTYPE_CODES: dict[np.dtype[Any], int] = {dt: code for code, dt in _LE_DTYPES.items()}
+
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_TYPE_RANK = struct.Struct("<BB")
+_DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_RANK + 1)]
+_LITTLE = sys.byteorder == "little"
+
+
+class ProtocolError(Exception):
+    """A frame or its metadata is not valid.
+
+    ``fatal``: framing itself is broken (the byte stream cannot be followed any more), so the
+    connection must be closed after answering; otherwise only this frame is refused.
+    ``status``: the HTTP-style status to answer with (400, 413, ...).
+    """
+
+    def __init__(self, message: str, *, status: int = 400, fatal: bool = False, request_id: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.fatal = fatal
+        self.request_id = request_id
+
+
+# ---- typed wire messages ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Frame:
+    """One received frame. ``meta`` is a copy (small; it doubles as a cache key); the payload is
+    ``data[payload_at : payload_at + payload_bytes]`` of the received chunk ``data``, which the
+    frame keeps alive: arrays are made over it without copying."""
+
+    kind: int
+    flags: int
+    request_id: int
+    meta: bytes
+    data: bytes
+    payload_at: int
+    payload_bytes: int
+
+    @property
+    def payload(self) -> memoryview:
+        return memoryview(self.data)[self.payload_at : self.payload_at + self.payload_bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDesc:
+    """A tensor's descriptor in the metadata; its bytes follow in the payload."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    byte_size: int
+
+
+class TensorSlot(NamedTuple):
+    """Where one tensor lies in a payload and how to view it (made once per metadata block)."""
+
+    name: str
+    dtype: np.dtype[Any] | None  # None: BYTES
+    shape: tuple[int, ...]
+    offset: int  # from the payload's start
+    elements: int
+    byte_size: int
+    is_bool: bool
+    reshape: bool  # the shape is not simply (elements,)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    model: str
+    version: str  # "" = the latest loaded version
+    timeout_us: int  # 0 = no deadline
+    inputs: tuple[TensorDesc, ...]
+    outputs: tuple[str, ...]  # () = every output
+    payload_bytes: int  # the sum of the inputs' byte sizes
+    slots: tuple[TensorSlot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMeta:
+    model: str
+    version: int
+    outputs: tuple[TensorDesc, ...]
+    payload_bytes: int
+    slots: tuple[TensorSlot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    status: int
+    message: str
+
+
+# ---- frame header --------------------------------------------------------------------------------
+
+
+def encode_header(kind: int, flags: int, request_id: int, meta_bytes: int, payload_bytes: int) -> bytes:
+    return HEADER.pack(_MAGIC_VERSION, kind, flags, 0, request_id, meta_bytes, payload_bytes)
+
+
+def _bad_start(head: bytes) -> ProtocolError:
+    """Why a header does not start with our magic and version."""
+    if head[:3] == MAGIC:
+        return ProtocolError(
+            f"protocol version {head[3]} is not supported: this end speaks lumenrt TCP protocol "
+            f"version {VERSION}",
+            fatal=True,
+        )
+    hint = ""
+    if head[:4] in (b"GET ", b"POST", b"PUT ", b"HEAD", b"PRI "):
+        hint = " (an HTTP client on the TCP protocol port?)"
+    return ProtocolError(
+        f"not a lumenrt frame: starts with {head[:4]!r}, expected {MAGIC!r}{hint}", fatal=True
+    )
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames, checking each header before its body is buffered.
+
+    ``feed(chunk)`` calls ``on_frame`` for every frame completed by the chunk, in order, and keeps
+    an incomplete tail. A fatal :class:`ProtocolError` is raised once framing breaks (after the
+    frames before it were delivered); every later ``feed`` raises it again. ``pause()`` (from
+    inside ``on_frame`` too) stops delivery after the current frame, keeping the rest buffered;
+    ``resume()`` delivers what is buffered.
+
+    Memory: at most the chunks of one incomplete frame plus one chunk; a frame's claimed size is
+    checked against ``max_frame_bytes`` (metadata + payload) and ``max_meta_bytes`` first.
+    """
+
+    __slots__ = (
+        "_chunks",
+        "_error",
+        "_have",
+        "_need",
+        "frames",
+        "max_frame_bytes",
+        "max_meta_bytes",
+        "on_frame",
+        "paused",
+    )
+
+    def __init__(
+        self,
+        on_frame: Callable[[Frame], None],
+        *,
+        max_frame_bytes: int = MAX_PAYLOAD_BYTES,
+        max_meta_bytes: int = 1 << 20,
+    ) -> None:
+        self.on_frame = on_frame
+        self.max_frame_bytes = max_frame_bytes
+        self.max_meta_bytes = max_meta_bytes
+        self.frames = 0  # frames delivered so far
+        self.paused = False
+        self._chunks: list[bytes] = []  # the incomplete tail, in arrival order
+        self._have = 0  # bytes in _chunks
+        self._need = HEADER_BYTES  # bytes _chunks must reach before parsing again
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an incomplete frame (or of frames held while paused)."""
+        return self._have
+
+    def feed(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._chunks:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need or self.paused:
+                return
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            self._have = 0
+        elif self.paused:
+            self._chunks.append(data)
+            self._have = len(data)
+            return
+        self._run(data)
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        """Deliver the frames held while paused (may pause again part way)."""
+        self.paused = False
+        if self._chunks and self._error is None:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            self._have = 0
+            self._run(data)
+
+    def _run(self, data: bytes) -> None:
+        pos = 0
+        end = len(data)
+        unpack = HEADER.unpack_from
+        need = HEADER_BYTES
+        while end - pos >= HEADER_BYTES:
+            magic, kind, flags, reserved, rid, meta_len, payload_len = unpack(data, pos)
+            if magic != _MAGIC_VERSION:
+                self._fail(_bad_start(data[pos : pos + 4]))
+            if reserved:
+                self._fail(ProtocolError(f"reserved header field is {reserved}, must be 0", fatal=True))
+            if meta_len > self.max_meta_bytes:
+                self._fail(
+                    ProtocolError(
+                        f"frame metadata of {meta_len} bytes is over the limit of {self.max_meta_bytes}",
+                        status=431,
+                        fatal=True,
+                        request_id=rid,
+                    )
+                )
+            if meta_len + payload_len > self.max_frame_bytes:
+                self._fail(
+                    ProtocolError(
+                        f"frame of {meta_len + payload_len} bytes (metadata {meta_len} + payload "
+                        f"{payload_len}) is over the limit of {self.max_frame_bytes} bytes",
+                        status=413,
+                        fatal=True,
+                        request_id=rid,
+                    )
+                )
+            need = HEADER_BYTES + meta_len + payload_len
+            if end - pos < need:
+                break
+            body = pos + HEADER_BYTES
+            pos += need
+            need = HEADER_BYTES
+            self.frames += 1
+            try:
+                self.on_frame(
+                    Frame(kind, flags, rid, data[body : body + meta_len], data, body + meta_len, payload_len)
+                )
+            except BaseException:
+                self._keep(data, pos, end, HEADER_BYTES)  # the frames after it stay deliverable
+                raise
+            if self.paused:
+                break
+        self._keep(data, pos, end, need)
+
+    def _keep(self, data: bytes, pos: int, end: int, need: int) -> None:
+        """Keep ``data[pos:end]``, the start of a frame of ``need`` bytes (or of its header)."""
+        if pos < end:
+            self._chunks.append(data[pos:] if pos else data)
+            self._have = end - pos
+        self._need = need
+
+    def _fail(self, err: ProtocolError) -> None:
+        self._error = err
+        self._chunks.clear()
+        self._have = 0
+        raise err
+
+
+# ---- metadata reader -----------------------------------------------------------------------------
+
+
+class _Reader:
+    """Bounds-checked reads over a metadata block; every short read names what was being read."""
+
+    __slots__ = ("at", "buf", "what")
+
+    def __init__(self, buf: bytes, what: str) -> None:
+        self.buf = buf
+        self.at = 0
+        self.what = what
+
+    def _need(self, n: int, field: str) -> int:
+        at = self.at
+        if at + n > len(self.buf):
+            raise ProtocolError(
+                f"{self.what} metadata ends inside {field}: needs {n} bytes at offset {at}, "
+                f"{len(self.buf) - at} remain"
+            )
+        self.at = at + n
+        return at
+
+    def u8(self, field: str) -> int:
+        return self.buf[self._need(1, field)]
+
+    def u16(self, field: str) -> int:
+        value: int = _U16.unpack_from(self.buf, self._need(2, field))[0]
+        return value
+
+    def u32(self, field: str) -> int:
+        value: int = _U32.unpack_from(self.buf, self._need(4, field))[0]
+        return value
+
+    def u64(self, field: str) -> int:
+        value: int = _U64.unpack_from(self.buf, self._need(8, field))[0]
+        return value
+
+    def text(self, field: str, *, empty_ok: bool = False) -> str:
+        n = self.u8(f"the length of {field}")
+        if n == 0 and not empty_ok:
+            raise ProtocolError(f"{self.what} metadata: {field} is empty")
+        at = self._need(n, field)
+        try:
+            return self.buf[at : at + n].decode()
+        except UnicodeDecodeError:
+            raise ProtocolError(f"{self.what} metadata: {field} is not valid UTF-8") from None
+
+    def tensor(self, where: str) -> TensorDesc:
+        name = self.text(f"{where} name")
+        where = f"{where} {name!r}"
+        code = self.u8(f"{where} datatype")
+        datatype = _CODE_NAMES.get(code)
+        if datatype is None:
+            raise ProtocolError(
+                f"{self.what} metadata: {where}: datatype code {code} is not valid (valid: "
+                + ", ".join(f"{c}={n}" for n, c in DATATYPE_CODES.items())
+                + ")"
+            )
+        rank = self.u8(f"{where} rank")
+        if rank > MAX_RANK:
+            raise ProtocolError(f"{self.what} metadata: {where}: rank {rank} is over the limit of {MAX_RANK}")
+        shape: tuple[int, ...] = _DIMS[rank].unpack_from(self.buf, self._need(8 * rank, f"{where} shape"))
+        for d in shape:
+            if d > MAX_DIM:
+                raise ProtocolError(f"{self.what} metadata: {where}: dimension {d} is over the int64 range")
+        byte_size = self.u32(f"{where} byte size")
+        item = _ITEM_BYTES[code]
+        count = math.prod(shape)
+        if item is None:
+            if count * 4 > byte_size:
+                raise ProtocolError(
+                    f"{where}: {byte_size} bytes of data cannot hold {count} BYTES elements "
+                    "(4-byte length each)"
+                )
+        elif byte_size != item * count:
+            raise ProtocolError(
+                f"{where}: {byte_size} bytes of data but shape {list(shape)} of {datatype} needs "
+                f"{item * count} bytes"
+            )
+        return TensorDesc(name, datatype, shape, byte_size)
+
+    def finish(self) -> None:
+        left = len(self.buf) - self.at
+        if left:
+            raise ProtocolError(f"{self.what} metadata has {left} bytes left over at offset {self.at}")
+
+
+def _write_text(out: list[bytes], text: str, field: str, *, empty_ok: bool = False) -> None:
+    raw = text.encode()
+    if len(raw) > MAX_NAME_BYTES or (not raw and not empty_ok):
+        raise ValueError(f"{field} must be 1..{MAX_NAME_BYTES} bytes of UTF-8, got {len(raw)} ({text!r})")
+    out.append(_U8.pack(len(raw)))
+    out.append(raw)
+
+
+def _write_desc(out: list[bytes], name: str, code: int, shape: tuple[int, ...], byte_size: int) -> None:
+    _write_text(out, name, "tensor name")
+    rank = len(shape)
+    if rank > MAX_RANK:
+        raise ValueError(f"tensor {name!r}: rank {rank} is over the limit of {MAX_RANK}")
+    out.append(_TYPE_RANK.pack(code, rank))
+    out.append(_DIMS[rank].pack(*shape))
+    out.append(_U32.pack(byte_size))
+
+
+# ---- raw tensor codec ----------------------------------------------------------------------------
+
+
+def to_raw(array: Array) -> tuple[int, bytes | memoryview]:
+    """The datatype code and raw little-endian bytes of ``array`` (a view when it is already
+    contiguous little-endian; small arrays are copied, which is cheaper than a view)."""
+    dt = array.dtype
+    code = _DTYPE_CODES.get(dt)
+    if code is None:
+        if dt.kind in "OSU":
+            return DATATYPE_CODES["BYTES"], _bytes_to_raw(array)
+        try:
+            name = dtypes.from_numpy(dt)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; send one of {', '.join(dtypes.DATATYPES)}") from None
+        code = DATATYPE_CODES[name]
+        array = array.astype(_LE_DTYPES[code])
+    if array.nbytes <= 4096 or not array.flags.c_contiguous:
+        return code, array.tobytes()
+    return code, array.data.cast("B")
+
+
+def _bytes_to_raw(array: Array) -> bytes:
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        if isinstance(item, bytes):
+            b = item
+        elif isinstance(item, str):
+            b = item.encode()
+        elif isinstance(item, (bytearray, memoryview)):
+            b = bytes(item)
+        else:
+            b = str(item).encode()
+        parts.append(_U32.pack(len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def payload_slots(descs: Sequence[TensorDesc]) -> tuple[TensorSlot, ...]:
+    """The slots of tensors laid out one after the other in descriptor order."""
+    slots: list[TensorSlot] = []
+    at = 0
+    for d in descs:
+        code = DATATYPE_CODES[d.datatype]
+        dt = _LE_DTYPES.get(code)
+        count = d.byte_size // dt.itemsize if dt is not None else math.prod(d.shape)
+        slots.append(
+            TensorSlot(d.name, dt, d.shape, at, count, d.byte_size, d.datatype == "BOOL", d.shape != (count,))
+        )
+        at += d.byte_size
+    return tuple(slots)
+
+
+def split_payload(data: bytes, at: int, slots: Sequence[TensorSlot], kind: str) -> list[Array]:
+    """The arrays of a payload starting at ``data[at]`` (checked to hold the slots' bytes), in
+    slot order: read-only views of ``data`` for fixed-size types."""
+    arrays: list[Array] = []
+    for s in slots:
+        dt = s.dtype
+        if dt is None:
+            start = at + s.offset
+            arrays.append(
+                _bytes_from_raw(memoryview(data)[start : start + s.byte_size], s.shape, f"{kind} {s.name!r}")
+            )
+            continue
+        try:
+            array: Array = np.frombuffer(data, dt, s.elements, at + s.offset)
+            if s.reshape:
+                array = array.reshape(s.shape)
+        except ValueError as exc:
+            raise ProtocolError(f"{kind} {s.name!r}: shape {list(s.shape)} is not usable: {exc}") from None
+        if s.is_bool and s.elements and int(array.view(np.uint8).max()) > 1:
+            raise ProtocolError(f"{kind} {s.name!r}: BOOL data must be bytes 0 or 1")
+        if not _LITTLE and dt.itemsize > 1:  # pragma: no cover - big-endian hosts
+            array = array.astype(dt.newbyteorder("="))
+        arrays.append(array)
+    return arrays
+
+
+def from_raw(buf: bytes | memoryview, desc: TensorDesc, where: str) -> Array:
+    """One tensor's array over ``buf``, which must hold exactly its bytes."""
+    if len(buf) != desc.byte_size:
+        raise ProtocolError(f"{where}: {len(buf)} bytes of data, the descriptor says {desc.byte_size}")
+    if desc.datatype not in DATATYPE_CODES:
+        raise ProtocolError(f"{where}: datatype {desc.datatype!r} is not a V2 datatype")
+    size = _ITEM_BYTES[DATATYPE_CODES[desc.datatype]]
+    count = math.prod(desc.shape)
+    if size is not None and size * count != desc.byte_size:
+        raise ProtocolError(
+            f"{where}: {desc.byte_size} bytes of data but shape {list(desc.shape)} of {desc.datatype} "
+            f"needs {size * count} bytes"
+        )
+    (array,) = split_payload(bytes(buf), 0, payload_slots([desc]), where)
+    return array
+
+
+def _bytes_from_raw(view: memoryview, shape: tuple[int, ...], where: str) -> Array:
+    count = math.prod(shape)
+    end = len(view)
+    if count * 4 > end:
+        raise ProtocolError(f"{where}: {end} bytes of data cannot hold {count} BYTES elements")
+    out = np.empty(count, dtype=object)  # count <= end / 4: bounded by the bytes received
+    at = 0
+    for i in range(count):
+        if at + 4 > end:
+            raise ProtocolError(f"{where}: BYTES data ends inside the length of element {i} of {count}")
+        (n,) = _U32.unpack_from(view, at)
+        at += 4
+        if at + n > end:
+            raise ProtocolError(f"{where}: BYTES element {i} claims {n} bytes but only {end - at} remain")
+        out[i] = bytes(view[at : at + n])
+        at += n
+    if at != end:
+        raise ProtocolError(f"{where}: {end - at} bytes left over after {count} BYTES elements")
+    try:
+        return out.reshape(shape)
+    except ValueError as exc:
+        raise ProtocolError(f"{where}: shape {list(shape)} is not usable: {exc}") from None
+
+
+# ---- request -------------------------------------------------------------------------------------
+
+
+def _tensor_parts(
+    tensors: Iterable[tuple[str, Any]],
+) -> tuple[list[tuple[str, int, tuple[int, ...], int]], list[bytes | memoryview], int]:
+    """(name, code, shape, byte size) per tensor, their raw bytes, and the bytes in all."""
+    sig: list[tuple[str, int, tuple[int, ...], int]] = []
+    raws: list[bytes | memoryview] = []
+    total = 0
+    for name, value in tensors:
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        code, raw = to_raw(array)
+        size = len(raw) if isinstance(raw, bytes) else raw.nbytes
+        sig.append((name, code, array.shape, size))
+        raws.append(raw)
+        total += size
+    if total > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"{total} bytes of tensor data is over the frame limit of {MAX_PAYLOAD_BYTES}")
+    return sig, raws, total
+
+
+def _request_meta_bytes(
+    model: str,
+    version: str,
+    timeout_us: int,
+    sig: Sequence[tuple[str, int, tuple[int, ...], int]],
+    outputs: Sequence[str],
+) -> bytes:
+    if not 0 <= timeout_us <= MAX_TIMEOUT_US:
+        raise ValueError(f"timeout_us must be in 0..{MAX_TIMEOUT_US}, got {timeout_us}")
+    if len(sig) > 255 or len(outputs) > 255:
+        raise ValueError(f"at most 255 inputs and 255 outputs per request, got {len(sig)} and {len(outputs)}")
+    meta: list[bytes] = []
+    _write_text(meta, model, "model name")
+    _write_text(meta, version, "model version", empty_ok=True)
+    meta.append(_U32.pack(timeout_us))
+    meta.append(_U8.pack(len(sig)))
+    for name, code, shape, size in sig:
+        _write_desc(meta, name, code, shape, size)
+    meta.append(_U8.pack(len(outputs)))
+    for name in outputs:
+        _write_text(meta, name, "output name")
+    return b"".join(meta)
+
+
+def encode_request(
+    request_id: int,
+    model: str,
+    inputs: Mapping[str, Any],
+    *,
+    version: str = "",
+    outputs: Iterable[str] = (),
+    timeout_us: int = 0,
+    flags: int = 0,
+) -> list[bytes | memoryview]:
+    """A request frame as buffers to write in order: header and metadata first (one bytes), then
+    each input's raw bytes. Raises ValueError for what cannot be sent."""
+    sig, raws, total = _tensor_parts(inputs.items())
+    body = _request_meta_bytes(model, version, timeout_us, sig, tuple(outputs))
+    return [encode_header(REQUEST, flags, request_id, len(body), total) + body, *raws]
+
+
+class RequestEncoder:
+    """``encode_request`` with the metadata of repeated request shapes cached (client side)."""
+
+    CACHE_ENTRIES = 256  # distinct request shapes remembered (guessed ample for one client)
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], bytes] = {}
+
+    def encode(
+        self,
+        request_id: int,
+        model: str,
+        inputs: Mapping[str, Any],
+        version: str,
+        outputs: tuple[str, ...],
+        timeout_us: int,
+        flags: int,
+    ) -> list[bytes | memoryview]:
+        sig, raws, total = _tensor_parts(inputs.items())
+        key = (model, version, timeout_us, outputs, *sig)
+        body = self._cache.get(key)
+        if body is None:
+            body = _request_meta_bytes(model, version, timeout_us, sig, outputs)
+            if len(self._cache) >= self.CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = body
+        head = HEADER.pack(_MAGIC_VERSION, REQUEST, flags, 0, request_id, len(body), total)
+        return [head + body, *raws]
+
+
+def decode_request_meta(meta: bytes) -> RequestMeta:
+    """Raises a non-fatal ProtocolError naming the field."""
+    r = _Reader(meta, "request")
+    model = r.text("the model name")
+    version = r.text("the model version", empty_ok=True)  # checked by the service
+    timeout_us = r.u32("the timeout")
+    inputs = tuple(r.tensor(f"input {i}") for i in range(r.u8("the input count")))
+    outputs = tuple(r.text(f"output name {i}") for i in range(r.u8("the output count")))
+    r.finish()
+    return RequestMeta(
+        model, version, timeout_us, inputs, outputs, sum(t.byte_size for t in inputs), payload_slots(inputs)
+    )
+
+
+# ---- response ------------------------------------------------------------------------------------
+
+
+def _response_desc_bytes(
+    model: str, version: int, sig: Sequence[tuple[str, int, tuple[int, ...], int]]
+) -> bytes:
+    """The response metadata after its timing fields."""
+    if len(sig) > 255:
+        raise ValueError(f"at most 255 outputs per response, got {len(sig)}")
+    meta: list[bytes] = []
+    _write_text(meta, model, "model name")
+    meta.append(_U64.pack(version))
+    meta.append(_U8.pack(len(sig)))
+    for name, code, shape, size in sig:
+        _write_desc(meta, name, code, shape, size)
+    return b"".join(meta)
+
+
+def _timing_prefix(timing: Sequence[int] | None) -> bytes:
+    if not timing:
+        return b"\x00"
+    return _U8.pack(len(timing)) + struct.pack(f"<{len(timing)}Q", *timing)
+
+
+def encode_response(
+    request_id: int,
+    model: str,
+    version: int,
+    outputs: Sequence[tuple[str, Array]],
+    timing: Sequence[int] | None = None,
+) -> list[bytes | memoryview]:
+    """A response frame as buffers (header and metadata first); ``timing`` in TIMING_FIELDS order."""
+    sig, raws, total = _tensor_parts(outputs)
+    body = _timing_prefix(timing) + _response_desc_bytes(model, version, sig)
+    flags = FLAG_TIMING if timing else 0
+    return [encode_header(RESPONSE, flags, request_id, len(body), total) + body, *raws]
+
+
+class ResponseEncoder:
+    """``encode_response`` with the metadata of repeated output shapes cached (server side)."""
+
+    CACHE_ENTRIES = 1024  # distinct (model, version, output shapes) remembered (guessed)
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], bytes] = {}
+
+    def encode(
+        self,
+        request_id: int,
+        model: str,
+        version: int,
+        outputs: Sequence[tuple[str, Array]],
+        timing: Sequence[int] | None = None,
+    ) -> list[bytes | memoryview]:
+        sig, raws, total = _tensor_parts(outputs)
+        key = (model, version, *sig)
+        desc = self._cache.get(key)
+        if desc is None:
+            desc = _response_desc_bytes(model, version, sig)
+            if len(self._cache) >= self.CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = desc
+        if timing:
+            body = _timing_prefix(timing) + desc
+            head = HEADER.pack(_MAGIC_VERSION, RESPONSE, FLAG_TIMING, 0, request_id, len(body), total)
+            return [head + body, *raws]
+        head = HEADER.pack(_MAGIC_VERSION, RESPONSE, 0, 0, request_id, len(desc) + 1, total)
+        return [head + b"\x00" + desc, *raws]
+
+
+def decode_response_meta(meta: bytes) -> tuple[ResponseMeta, dict[str, int]]:
+    """The response's descriptors and its timing (empty when not sent)."""
+    return _decode_response_desc(meta, _timing_bytes(meta)), decode_timing(meta)
+
+
+def _timing_bytes(meta: bytes) -> int:
+    if not meta:
+        raise ProtocolError("response metadata ends inside the timing field count: it is empty")
+    return 1 + 8 * meta[0]
+
+
+def decode_timing(meta: bytes) -> dict[str, int]:
+    """The stage times at the start of a response's metadata (unknown extra fields ignored)."""
+    count = meta[0] if meta else 0
+    if not count:
+        return {}
+    if len(meta) < 1 + 8 * count:
+        raise ProtocolError(f"response metadata ends inside its {count} timing fields")
+    values = struct.unpack_from(f"<{count}Q", meta, 1)
+    return dict(zip(TIMING_FIELDS, values, strict=False))
+
+
+def _decode_response_desc(meta: bytes, offset: int) -> ResponseMeta:
+    r = _Reader(meta, "response")
+    r.at = offset
+    model = r.text("the model name")
+    version = r.u64("the model version")
+    outputs = tuple(r.tensor(f"output {i}") for i in range(r.u8("the output count")))
+    r.finish()
+    return ResponseMeta(model, version, outputs, sum(t.byte_size for t in outputs), payload_slots(outputs))
+
+
+class ResponseDecoder:
+    """Decodes response frames, caching descriptors by their bytes (a client sees the same few)."""
+
+    CACHE_ENTRIES = 256  # distinct response shapes remembered (guessed ample for one client)
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, ResponseMeta] = {}
+
+    def decode(self, frame: Frame) -> tuple[ResponseMeta, dict[str, Array], dict[str, int]]:
+        meta = frame.meta
+        skip = _timing_bytes(meta)
+        # The timing values are not part of the key. A key starting with byte 0 is a whole
+        # metadata block without timing; any other starts at the model name's length (>= 1).
+        key = meta if skip == 1 else meta[skip:]
+        desc = self._cache.get(key)
+        if desc is None:
+            desc = _decode_response_desc(key, 1 if skip == 1 else 0)
+            if len(self._cache) >= self.CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = desc
+        if desc.payload_bytes != frame.payload_bytes:
+            raise ProtocolError(
+                f"response payload is {frame.payload_bytes} bytes but its outputs total {desc.payload_bytes}"
+            )
+        arrays = split_payload(frame.data, frame.payload_at, desc.slots, "output")
+        outputs = {s.name: a for s, a in zip(desc.slots, arrays, strict=True)}
+        return desc, outputs, decode_timing(meta) if skip > 1 else {}
+
+
+# ---- error ---------------------------------------------------------------------------------------
+
+_MAX_MESSAGE_BYTES = 4096  # longer error messages are cut (guessed: far above any real message)
+
+
+def encode_error(request_id: int, status: int, message: str) -> bytes:
+    text = message.encode(errors="replace")[:_MAX_MESSAGE_BYTES]
+    body = _U16.pack(status) + text
+    return encode_header(ERROR, 0, request_id, len(body), 0) + body
+
+
+def decode_error(meta: bytes) -> ErrorInfo:
+    if len(meta) < 2:
+        raise ProtocolError(f"error metadata of {len(meta)} bytes is shorter than its 2-byte status")
+    (status,) = _U16.unpack_from(meta, 0)
+    return ErrorInfo(status, meta[2:].decode(errors="replace"))

@@ -1,0 +1,412 @@
+"""The binary TCP protocol front end: one ``asyncio.Protocol`` per connection on the server's loop.
+
+Wire format: docs/tcp-protocol.md; codecs: ``lumenrt.server.tcp_protocol``.
+
+Invariants:
+  - Every request frame gets exactly one response or error frame carrying its id, unless the
+    connection is lost first: the request then still runs to its end in the engine and its
+    answer is dropped. Answers go out as they complete, so they may overtake earlier requests.
+  - A frame that breaks framing (bad magic or version, a size over a limit, a frame not received
+    whole within ``receive_timeout_s``) is answered by an error frame (the frame's id when its
+    header was readable, else 0); then the connection half-closes and input is discarded until
+    the peer closes or ``LINGER_S`` passes (closing at once with unread input would reset the
+    connection and could destroy the error frame before the peer reads it).
+  - Backpressure: at most ``MAX_IN_FLIGHT`` requests are served per connection; at that point,
+    and whenever the transport's write buffer is over its high-water mark, reading pauses (the
+    decoder keeps the rest of the chunk) until ``RESUME_IN_FLIGHT`` and the buffer drains.
+  - One sweeper task per front end, not a timer per request or connection, closes connections
+    with a partial frame older than ``receive_timeout_s`` or idle (nothing received, nothing in
+    flight) for ``idle_timeout_s``. It reads counters the hot path bumps, so ``data_received``
+    reads no clock for it.
+  - Everything here runs on the one event loop; the service is never called from another thread.
+
+Shutdown order (``ServerApp.shutdown``):
+  1. ``stop_listening``: the listening socket closes; the service already refuses new requests
+     (503 error frames) since ``stop_accepting``;
+  2. the app waits for requests in flight (``grace_s``);
+  3. ``close``: the sweeper stops, every transport closes (answers already written are flushed
+     first), and requests still running are cancelled and awaited.
+"""
+
+import asyncio
+import contextlib
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from lumenrt.server.errors import ServerError, as_server_error
+from lumenrt.server.service import InferenceService, ServeLimits, WireInput, timing_parameters
+from lumenrt.server.tcp_protocol import (
+    FLAG_TIMING,
+    KIND_NAMES,
+    KNOWN_FLAGS,
+    REQUEST,
+    TIMING_FIELDS,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+    RequestMeta,
+    ResponseEncoder,
+    decode_request_meta,
+    encode_error,
+    split_payload,
+)
+from lumenrt.server.tensors import check_shape
+
+MAX_IN_FLIGHT = 256  # requests served at once per connection before reading pauses (guessed)
+RESUME_IN_FLIGHT = MAX_IN_FLIGHT // 2
+LINGER_S = 1.0  # after a fatal error: how long unread input is discarded before closing (guessed)
+JOIN_BELOW_BYTES = 64 << 10  # smaller answers are joined into one buffer; larger go by writelines
+PLAN_CACHE_ENTRIES = 4096  # decoded request metadata kept per front end ...
+PLAN_CACHE_MAX_BYTES = 512  # ... only for blocks this small: at most 2 MiB of keys
+
+
+@dataclass(slots=True)
+class _Plan:
+    """A request metadata block decoded, shape-checked, and (once seen with a runtime) checked
+    against that runtime's config: while the service returns the same runtime object for it,
+    later requests with these bytes skip the name/datatype checks (they depend on nothing else)."""
+
+    meta: RequestMeta
+    runtime: Any = None
+    outputs: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Request:
+    """A checked request, from its frame to its answer."""
+
+    request_id: int
+    timing: bool
+    runtime: Any
+    arrays: dict[str, Any]
+    outputs: list[str]
+    timeout_s: float | None
+    received_ns: int
+
+
+class TcpConnection(asyncio.Protocol):
+    def __init__(self, front: "TcpFrontEnd") -> None:
+        self.front = front
+        self.service = front.service
+        limits = front.service.limits
+        self.decoder = FrameDecoder(
+            self._on_frame, max_frame_bytes=limits.max_body_bytes, max_meta_bytes=limits.max_header_bytes
+        )
+        self.transport: asyncio.Transport | None = None
+        self.in_flight = 0
+        self.closed = False  # connection lost (or closed by us): answers are dropped
+        self.draining = False  # after a fatal error: input discarded until close
+        self.peer_eof = False
+        self.reading_paused = False
+        self.write_paused = False
+        self._received_ns = 0
+        # sweeper bookkeeping: the hot path only bumps ``received``
+        now = front.loop.time()
+        self.received = 0
+        self.seen_received = 0
+        self.active_at = now
+        self.draining_since = 0.0
+        self.partial_frames = -1  # decoder.frames when a partial frame was first seen by a sweep
+        self.partial_since = 0.0
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.front.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.front.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.received += 1
+        if self.draining:
+            return
+        self._received_ns = time.monotonic_ns()
+        try:
+            self.decoder.feed(data)
+        except ProtocolError as exc:
+            self._fatal(exc)
+
+    def eof_received(self) -> bool:
+        """The peer will send no more: answer what is in flight, then close."""
+        self.peer_eof = True
+        return self.in_flight > 0 and not self.draining  # True keeps the transport open to write
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._maybe_resume_reading()
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def _on_frame(self, frame: Frame) -> None:
+        if self.draining or self.closed:
+            return
+        rid = frame.request_id
+        if frame.kind != REQUEST:
+            name = KIND_NAMES.get(frame.kind, "unknown")
+            self._reply_error(
+                rid, 400, f"frame kind {frame.kind} ({name}) is not accepted by the server: send requests (1)"
+            )
+            return
+        if rid == 0:
+            self._fatal(ProtocolError("request id 0 is reserved for connection errors", fatal=True))
+            return
+        try:
+            if frame.flags & ~KNOWN_FLAGS:
+                raise ProtocolError(f"request flags 0x{frame.flags:02x} have unknown bits set")
+            plan = self.front.plan(frame.meta)
+            meta = plan.meta
+            if meta.payload_bytes != frame.payload_bytes:
+                raise ProtocolError(
+                    f"request payload is {frame.payload_bytes} bytes but its inputs total {meta.payload_bytes}"
+                )
+            arrays = split_payload(frame.data, frame.payload_at, meta.slots, "input")
+            rt = self.service.runtime(meta.model, meta.version or None)
+            if rt is plan.runtime:  # names and datatypes already checked against this runtime
+                checked = {s.name: a for s, a in zip(meta.slots, arrays, strict=True)}
+            else:
+                checked = self.front.check(plan, rt, arrays)
+            outputs = plan.outputs
+        except (ServerError, ProtocolError) as exc:
+            self._reply_error(rid, exc.status, exc.message)
+            return
+        except Exception as exc:
+            err = as_server_error(exc)
+            self._reply_error(rid, err.status, err.message)
+            return
+        request = _Request(
+            rid,
+            bool(frame.flags & FLAG_TIMING),
+            rt,
+            checked,
+            outputs,
+            meta.timeout_us / 1e6 if meta.timeout_us else None,
+            self._received_ns,
+        )
+        self.in_flight += 1
+        if self.in_flight >= MAX_IN_FLIGHT:
+            self._pause_reading()
+        task = self.front.loop.create_task(self._serve(request))
+        self.front.tasks.add(task)
+        task.add_done_callback(self.front.tasks.discard)
+
+    async def _serve(self, req: _Request) -> None:
+        answer: bytes | list[Any]
+        try:
+            out = await self.service.infer(
+                req.runtime,
+                req.arrays,
+                req.outputs,
+                timeout_s=req.timeout_s,
+                timing=req.timing,
+                received_ns=req.received_ns,
+            )
+            timing = None
+            if req.timing:
+                stages = timing_parameters(out.times)
+                timing = [stages[k] for k in TIMING_FIELDS]
+            answer = self.front.responses.encode(req.request_id, out.model, out.version, out.outputs, timing)
+        except ServerError as exc:
+            answer = encode_error(req.request_id, exc.status, exc.message)
+        except Exception as exc:  # encoding failed: still exactly one answer
+            err = as_server_error(exc)
+            answer = encode_error(req.request_id, err.status, err.message)
+        finally:
+            self.in_flight -= 1
+        self._write(answer)
+        if self.reading_paused:
+            self._maybe_resume_reading()
+        if self.peer_eof and self.in_flight == 0 and not self.reading_paused and self.transport is not None:
+            self.transport.close()
+
+    def _write(self, answer: bytes | list[Any]) -> None:
+        transport = self.transport
+        if self.closed or self.draining or transport is None or transport.is_closing():
+            return
+        if isinstance(answer, bytes):
+            transport.write(answer)
+        elif len(answer) == 1:
+            transport.write(answer[0])
+        elif sum(len(p) if isinstance(p, bytes) else p.nbytes for p in answer) < JOIN_BELOW_BYTES:
+            transport.write(b"".join(answer))
+        else:
+            transport.writelines(answer)
+
+    def _reply_error(self, request_id: int, status: int, message: str) -> None:
+        self._write(encode_error(request_id, status, message))
+
+    def _fatal(self, exc: ProtocolError) -> None:
+        """Answer, half-close, and discard input until the peer closes or LINGER_S passes."""
+        if self.draining:
+            return
+        self._reply_error(exc.request_id, exc.status, exc.message)
+        self.draining = True  # from here on answers are dropped (the write side is shut)
+        self.draining_since = self.front.loop.time()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.reading_paused:  # keep reading: unread input would reset the connection
+            self.reading_paused = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:  # pragma: no cover - TCP transports can always half-close
+            transport.close()
+
+    # ---- flow control ----------------------------------------------------------------------
+
+    def _pause_reading(self) -> None:
+        if self.reading_paused or self.draining or self.transport is None:
+            return
+        self.reading_paused = True
+        self.decoder.pause()
+        if not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def _maybe_resume_reading(self) -> None:
+        if not self.reading_paused or self.write_paused or self.in_flight > RESUME_IN_FLIGHT:
+            return
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return
+        self.reading_paused = False
+        self.transport.resume_reading()
+        try:
+            self.decoder.resume()  # may pause again part way
+        except ProtocolError as exc:
+            self._fatal(exc)
+
+    # ---- sweeper -----------------------------------------------------------------------------
+
+    def sweep(self, now: float, limits: ServeLimits) -> None:
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        if self.draining:
+            if now - self.draining_since >= LINGER_S:
+                transport.close()
+            return
+        if self.received != self.seen_received:
+            self.seen_received = self.received
+            self.active_at = now
+        if self.in_flight:
+            self.active_at = now
+        if self.decoder.buffered_bytes and not self.reading_paused:
+            frames = self.decoder.frames
+            if self.partial_frames != frames:  # a partial frame not seen before: its clock starts
+                self.partial_frames = frames
+                self.partial_since = now
+            elif now - self.partial_since >= limits.receive_timeout_s:
+                self._fatal(
+                    ProtocolError(
+                        f"frame not received whole within {limits.receive_timeout_s:g} s "
+                        f"({self.decoder.buffered_bytes} bytes of it arrived)",
+                        status=408,
+                        fatal=True,
+                    )
+                )
+            return
+        self.partial_frames = -1
+        if not self.in_flight and now - self.active_at >= limits.idle_timeout_s:
+            self.closed = True
+            transport.close()
+
+
+class TcpFrontEnd:
+    """The listening socket, its connections, and the sweeper (``FrontEnd`` in app.py)."""
+
+    def __init__(self, service: InferenceService, loop: asyncio.AbstractEventLoop) -> None:
+        self.service = service
+        self.loop = loop
+        self.port = 0
+        self.connections: set[TcpConnection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._plans: dict[bytes, _Plan] = {}
+        self.responses = ResponseEncoder()
+        limits = service.limits
+        # a quarter of the shortest timeout (guessed): a limit is enforced within 1.25x of itself
+        self.sweep_interval_s = min(1.0, max(0.01, min(limits.receive_timeout_s, limits.idle_timeout_s) / 4))
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await self.loop.create_server(
+            lambda: TcpConnection(self), host, port, reuse_address=True, backlog=1024
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._sweeper = self.loop.create_task(self._sweep_forever())
+
+    def plan(self, raw: bytes) -> _Plan:
+        """Decoded and shape-checked request metadata; cached by its bytes (a client sends the same
+        few blocks again and again)."""
+        plan = self._plans.get(raw)
+        if plan is not None:
+            return plan
+        meta = decode_request_meta(raw)
+        max_elements = self.service.limits.max_elements
+        for d in meta.inputs:
+            check_shape(d.shape, f"input {d.name!r}", max_elements)
+        plan = _Plan(meta)
+        if len(raw) <= PLAN_CACHE_MAX_BYTES:
+            if len(self._plans) >= PLAN_CACHE_ENTRIES:
+                self._plans.clear()
+            self._plans[raw] = plan
+        return plan
+
+    def check(self, plan: _Plan, rt: Any, arrays: list[Any]) -> dict[str, Any]:
+        """The service's input and output checks; remembered in ``plan`` when they pass."""
+        meta = plan.meta
+        wire = [WireInput(d.name, d.datatype, d.shape, a) for d, a in zip(meta.inputs, arrays, strict=True)]
+        checked = self.service.check_inputs(rt, wire)
+        plan.outputs = self.service.check_outputs(rt, list(meta.outputs))
+        plan.runtime = rt
+        return checked
+
+    async def _sweep_forever(self) -> None:
+        limits = self.service.limits
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            now = self.loop.time()
+            for conn in list(self.connections):
+                conn.sweep(now, limits)
+
+    async def stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close(self) -> None:
+        await self.stop_listening()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for conn in list(self.connections):
+            conn.closed = True
+            if conn.transport is not None:
+                conn.transport.close()
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+
+async def start_tcp(service: InferenceService, host: str, port: int) -> TcpFrontEnd:
+    """Listen on ``host:port`` (0: any free port; see ``.port``)."""
+    front = TcpFrontEnd(service, asyncio.get_running_loop())
+    await front.start(host, port)
+    return front

@@ -1,0 +1,192 @@
+"""KServe V2 inference bodies over HTTP: decoding requests, encoding responses (no sockets).
+
+Request bodies come in three forms:
+  - JSON only: ``{"inputs": [{"name", "datatype", "shape", "data"}], "outputs": [...], ...}``;
+    ``data`` flat or nested, row-major.
+  - JSON header + binary (Triton's binary tensor extension): the first
+    ``Inference-Header-Content-Length`` bytes are the JSON; inputs with a ``binary_data_size``
+    parameter take their raw bytes, in input order, from what follows.
+  - Raw single input (``Inference-Header-Content-Length: 0``): the whole body is the raw tensor of
+    a model's only input; its shape is the config's dims, with the batch dimension (if any) taken
+    from the byte count. Every output is then returned as binary.
+
+Outputs are binary when the request output says ``"binary_data": true``, or, for outputs it does
+not list, when the request parameter ``binary_data_output`` is true.
+
+Every check names the field at fault (``inputs[1].shape``) and happens before anything is
+allocated in proportion to a size the client claims.
+"""
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lumenrt.engine import dtypes
+from lumenrt.engine.config import ModelConfig
+from lumenrt.server.errors import bad_request
+from lumenrt.server.service import TIMING_PARAMETER, InferOutcome, WireInput
+from lumenrt.server.tensors import check_datatype, check_shape, from_json, from_raw, to_json_data, to_raw
+
+MAX_INPUTS = 1024  # tensors in one request (guessed ample; bounds the per-input work)
+
+
+@dataclass(slots=True)
+class ParsedInfer:
+    """A decoded infer request; ``outputs`` maps requested output name -> binary (None: not said)."""
+
+    inputs: list[WireInput]
+    request_id: str | None = None
+    outputs: dict[str, bool | None] = field(default_factory=dict)
+    binary_output: bool = False  # request parameter binary_data_output
+    timeout_s: float | None = None
+    timing: bool = False
+    raw: bool = False  # raw single-input form: every output binary
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_request(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _param_bool(params: dict[str, Any], key: str, where: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise bad_request(f"{where}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _param_int(params: dict[str, Any], key: str, where: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_request(f"{where}.{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def parse_infer_request(body: bytes, header_length: int | None, max_elements: int) -> ParsedInfer:
+    """Decode a JSON (``header_length`` None) or JSON+binary infer body."""
+    view = memoryview(body)
+    if header_length is None:
+        header_length = len(body)
+    elif header_length > len(body):
+        raise bad_request(
+            f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes"
+        )
+    try:
+        doc = json.loads(view[:header_length].tobytes() if header_length != len(body) else body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    doc = _obj(doc, "request")
+    params = _obj(doc.get("parameters") or {}, "parameters")
+    out = ParsedInfer(inputs=[])
+    rid = doc.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise bad_request(f"id must be a string, got {rid!r}")
+    out.request_id = rid
+    out.binary_output = _param_bool(params, "binary_data_output", "parameters")
+    out.timing = _param_bool(params, TIMING_PARAMETER, "parameters")
+    timeout_us = _param_int(params, "timeout", "parameters")
+    out.timeout_s = timeout_us / 1e6 if timeout_us else None
+
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise bad_request("inputs must be a non-empty list of tensors")
+    if len(inputs) > MAX_INPUTS:
+        raise bad_request(f"inputs has {len(inputs)} tensors, over the limit of {MAX_INPUTS}")
+    at = header_length
+    for i, raw in enumerate(inputs):
+        where = f"inputs[{i}]"
+        entry = _obj(raw, where)
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"{where}.name must be a non-empty string")
+        where = f"inputs[{i}] ({name!r})"
+        datatype = check_datatype(entry.get("datatype"), f"{where}.datatype")
+        shape = check_shape(entry.get("shape"), f"{where}.shape", max_elements)
+        iparams = _obj(entry.get("parameters") or {}, f"{where}.parameters")
+        size = _param_int(iparams, "binary_data_size", f"{where}.parameters")
+        if size is not None:
+            if "data" in entry:
+                raise bad_request(f"{where}: has both data and parameters.binary_data_size")
+            if at + size > len(body):
+                raise bad_request(
+                    f"{where}: binary_data_size {size} but only {len(body) - at} bytes of binary data remain"
+                )
+            array = from_raw(view[at : at + size], datatype, shape, where)
+            at += size
+        elif "data" in entry:
+            array = from_json(entry["data"], datatype, shape, where)
+        else:
+            raise bad_request(f"{where}: no data (give data, or parameters.binary_data_size)")
+        out.inputs.append(WireInput(name, datatype, shape, array))
+    if at != len(body):
+        raise bad_request(f"{len(body) - at} bytes of binary data left over after the last input")
+
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list):
+            raise bad_request("outputs must be a list")
+        for i, raw in enumerate(outputs):
+            entry = _obj(raw, f"outputs[{i}]")
+            name = entry.get("name")
+            if not isinstance(name, str) or not name:
+                raise bad_request(f"outputs[{i}].name must be a non-empty string")
+            oparams = _obj(entry.get("parameters") or {}, f"outputs[{i}].parameters")
+            binary = oparams.get("binary_data")
+            if binary is not None and not isinstance(binary, bool):
+                raise bad_request(f"outputs[{i}].parameters.binary_data must be true or false")
+            out.outputs[name] = binary
+    return out
+
+
+def parse_raw_request(body: bytes, config: ModelConfig) -> ParsedInfer:
+    """The raw single-input form: the body is the one input's raw tensor."""
+    if len(config.inputs) != 1:
+        raise bad_request(
+            f"model {config.name!r}: a raw binary body needs a model with one input; it has "
+            f"{len(config.inputs)} (send a JSON header with Inference-Header-Content-Length)"
+        )
+    spec = config.inputs[0]
+    where = f"raw input {spec.name!r}"
+    if spec.datatype == "BYTES" or any(d < 0 for d in spec.dims):
+        raise bad_request(f"{where}: a raw body needs fixed dims and a fixed-size datatype")
+    row_bytes = (dtypes.element_size_bytes(spec.datatype) or 1) * math.prod(spec.dims)
+    if config.max_batch_size > 0:
+        if row_bytes == 0 or len(body) % row_bytes or not len(body):
+            raise bad_request(f"{where}: {len(body)} bytes is not a whole number of {row_bytes}-byte rows")
+        shape: tuple[int, ...] = (len(body) // row_bytes, *spec.dims)
+    else:
+        shape = spec.dims
+    array = from_raw(memoryview(body), spec.datatype, shape, where)
+    return ParsedInfer([WireInput(spec.name, spec.datatype, shape, array)], raw=True, binary_output=True)
+
+
+def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any]]:
+    """The response's JSON header and the binary output chunks that follow it (maybe none)."""
+    outputs: list[dict[str, Any]] = []
+    chunks: list[Any] = []
+    for name, array in outcome.outputs:
+        wanted = parsed.outputs.get(name)
+        binary = parsed.binary_output if wanted is None else wanted
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": dtypes.from_numpy(array.dtype),
+            "shape": list(array.shape),
+        }
+        if binary or parsed.raw:
+            raw = to_raw(array)
+            entry["parameters"] = {"binary_data_size": len(raw) if isinstance(raw, bytes) else raw.nbytes}
+            chunks.append(raw)
+        else:
+            entry["data"] = to_json_data(array)
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": outcome.model, "model_version": str(outcome.version)}
+    if parsed.request_id is not None:
+        doc["id"] = parsed.request_id
+    if outcome.parameters:
+        doc["parameters"] = outcome.parameters
+    doc["outputs"] = outputs
+    return json.dumps(doc, separators=(",", ":")).encode(), chunks

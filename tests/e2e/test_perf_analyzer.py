@@ -1,0 +1,46 @@
+"""Triton's perf_analyzer, unchanged, against ``lumenrt serve`` over HTTP and gRPC (a smoke test:
+it must run to completion and report; the figures themselves belong to the benchmarks)."""
+
+from typing import Any
+
+import pytest
+
+from lumenrt.bench.perf_analyzer import perf_analyzer_problem, run_perf_analyzer
+from tests.e2e.conftest import ServeProcess
+
+PROBLEM = perf_analyzer_problem()
+pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"perf_analyzer cannot run here: {PROBLEM}")
+
+
+def _success_count(served: ServeProcess, model: str) -> int:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(served.http_url)
+    try:
+        stats: dict[str, Any] = client.get_inference_statistics(model)
+    finally:
+        client.close()
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize(("model", "batch"), [("digits_mlp", 1), ("tabular_xgb", 4)])
+def test_perf_analyzer_runs_and_reports(served: ServeProcess, protocol: str, model: str, batch: int) -> None:
+    before = _success_count(served, model)
+    url = served.http_url if protocol == "http" else served.grpc_url
+    result = run_perf_analyzer(
+        model,
+        url,
+        "http" if protocol == "http" else "grpc",
+        concurrency=2,
+        measurement_ms=1000,
+        batch_size=batch,
+        input_data="random",
+        stability_percentage=100,  # a smoke test on a noisy machine: any three windows will do
+        max_trials=3,
+    )
+    assert result["concurrency"] == 2
+    assert result["throughput_infer_per_s"] > 0
+    assert 0 < result["p50_us"] <= result["p99_us"]
+    # perf_analyzer's requests really reached the model (it reads these same statistics too)
+    assert _success_count(served, model) > before

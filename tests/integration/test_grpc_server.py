@@ -1,0 +1,580 @@
+"""The gRPC front end through the real tritonclient.grpc: health, metadata, config, inference (raw and
+typed contents, BYTES), errors and their status codes, statistics, the model repository, and the
+.proto's wire numbers checked against tritonclient's own descriptors."""
+
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from lumenrt.engine.engine import Engine
+from lumenrt.server.app import ServeOptions, ServerThread
+from lumenrt.server.proto import grpc_service_pb2 as pb
+from lumenrt.server.service import ServeLimits
+from tests.integration import slow_model_state
+
+MODELS = ["squeezenet", "digits_mlp", "tabular_xgb"]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    eng = Engine(models=MODELS)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine: Engine) -> Iterator[ServerThread]:
+    with ServerThread(engine, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as st:
+        yield st
+
+
+@pytest.fixture
+def client(server: ServerThread) -> Iterator[tgrpc.InferenceServerClient]:
+    c = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def stub(server: ServerThread) -> Iterator[Any]:
+    """tritonclient's own generated stub, for requests its high-level client will not build."""
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['grpc']}") as channel:
+        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def digits_input(x: np.ndarray, name: str = "input", datatype: str = "FP32") -> tgrpc.InferInput:
+    inp = tgrpc.InferInput(name, list(x.shape), datatype)
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def grpc_error(call: Any) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    return info.value
+
+
+def rng_rows(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((rows, cols), dtype=np.float32)
+
+
+# ---- wire compatibility ---------------------------------------------------------------------------
+
+
+def _theirs(full_name: str) -> str:
+    return "inference." + full_name.removeprefix("lumenrt.inference.")
+
+
+def _messages(descriptors: Any) -> Iterator[Any]:
+    for d in descriptors:
+        yield d
+        yield from _messages(d.nested_types)
+
+
+def test_proto_numbers_and_types_match_tritonclients() -> None:
+    pool = service_pb2.DESCRIPTOR.pool
+    assert model_config_pb2.DESCRIPTOR.pool is pool
+    checked = 0
+    for ours in _messages(pb.DESCRIPTOR.message_types_by_name.values()):
+        theirs = pool.FindMessageTypeByName(_theirs(ours.full_name))
+        for field in ours.fields:
+            other = theirs.fields_by_name.get(field.name)
+            assert other is not None, f"{ours.full_name}.{field.name} is not in Triton's {theirs.full_name}"
+            where = f"{ours.full_name}.{field.name}"
+            assert (field.number, field.type, field.is_repeated) == (
+                other.number,
+                other.type,
+                other.is_repeated,
+            ), where
+            if field.message_type is not None:
+                assert _theirs(field.message_type.full_name) == other.message_type.full_name, where
+            if field.enum_type is not None:
+                assert _theirs(field.enum_type.full_name) == other.enum_type.full_name, where
+                values = {v.name: v.number for v in other.enum_type.values}
+                assert {v.name: v.number for v in field.enum_type.values}.items() <= values.items(), where
+            checked += 1
+    assert checked > 100
+    theirs_service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        other = theirs_service.methods_by_name[method.name]
+        assert _theirs(method.input_type.full_name) == other.input_type.full_name
+        assert _theirs(method.output_type.full_name) == other.output_type.full_name
+
+
+# ---- health and metadata --------------------------------------------------------------------------
+
+
+def test_live_ready_and_model_ready(client: tgrpc.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    for name in MODELS:
+        assert client.is_model_ready(name)
+        assert client.is_model_ready(name, "1")
+    assert not client.is_model_ready("no_such_model")
+    assert not client.is_model_ready("digits_mlp", "7")
+
+
+def test_model_ready_with_a_malformed_version_is_invalid_argument(
+    client: tgrpc.InferenceServerClient,
+) -> None:
+    err = grpc_error(lambda: client.is_model_ready("digits_mlp", "latest"))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "version" in err.message()
+
+
+def test_server_metadata_lists_the_extensions(client: tgrpc.InferenceServerClient) -> None:
+    meta = client.get_server_metadata(as_json=True)
+    assert meta["name"] == "lumenrt"
+    assert meta["version"]
+    assert {"binary_tensor_data", "statistics", "model_repository", "model_configuration"} <= set(
+        meta["extensions"]
+    )
+
+
+def test_model_metadata_has_a_variable_batch_dimension(client: tgrpc.InferenceServerClient) -> None:
+    meta = client.get_model_metadata("digits_mlp", as_json=True)
+    assert meta["name"] == "digits_mlp"
+    assert meta["versions"] == ["1"]
+    assert meta["platform"] == "onnxruntime_onnx"
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "64"]}]
+    outputs = {o["name"]: o for o in meta["outputs"]}
+    assert outputs["probabilities"] == {"name": "probabilities", "datatype": "FP32", "shape": ["-1", "10"]}
+    assert outputs["label"] == {"name": "label", "datatype": "INT64", "shape": ["-1"]}
+
+
+def test_model_metadata_of_an_unknown_model_is_not_found(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.get_model_metadata("no_such_model"))
+    assert err.status() == "StatusCode.NOT_FOUND"
+    assert "no_such_model" in err.message()
+
+
+def test_model_config_is_triton_shaped(client: tgrpc.InferenceServerClient, engine: Engine) -> None:
+    config = client.get_model_config("squeezenet", as_json=True)["config"]
+    assert config["name"] == "squeezenet"
+    assert config["platform"] == "onnxruntime_onnx"
+    assert config["backend"] == "onnxruntime"
+    assert config["max_batch_size"] == 8
+    assert config["input"] == [
+        {"name": "data", "data_type": "TYPE_FP32", "dims": ["3", "224", "224"]}
+    ]  # FORMAT_NONE is the default: not printed
+    assert config["output"] == [{"name": "prob", "data_type": "TYPE_FP32", "dims": ["1000"]}]
+    (group,) = config["instance_group"]
+    assert group["kind"] == "KIND_CPU"
+    assert group["count"] >= 1
+    cfg = engine.runtime("squeezenet").config
+    assert cfg.dynamic_batching is not None
+    batching = config["dynamic_batching"]
+    assert batching.get("preferred_batch_size", []) == list(cfg.dynamic_batching.preferred_batch_size)
+    assert int(batching.get("max_queue_delay_microseconds", 0)) == cfg.dynamic_batching.max_queue_delay_us
+    assert batching["default_queue_policy"]["max_queue_size"] == cfg.dynamic_batching.max_queue_size
+    assert "latest" in config["version_policy"]
+
+
+def test_model_config_of_a_scalar_output(client: tgrpc.InferenceServerClient) -> None:
+    config = client.get_model_config("tabular_xgb").config
+    assert config.max_batch_size == 64
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("input", model_config_pb2.TYPE_FP32, [30])
+    ]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("probability", [])]
+
+
+# ---- inference ------------------------------------------------------------------------------------
+
+
+def test_infer_returns_every_output_as_the_engine_does(
+    client: tgrpc.InferenceServerClient, engine: Engine
+) -> None:
+    x = rng_rows(5, 64)
+    result = client.infer("digits_mlp", [digits_input(x)], request_id="req-7")
+    expected = engine.infer("digits_mlp", {"input": x}).outputs
+    response = result.get_response()
+    assert response.model_name == "digits_mlp"
+    assert response.model_version == "1"
+    assert response.id == "req-7"
+    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
+        ("probabilities", "FP32", [5, 10]),
+        ("label", "INT64", [5]),
+    ]
+    np.testing.assert_allclose(result.as_numpy("probabilities"), expected["probabilities"], rtol=1e-6)
+    np.testing.assert_array_equal(result.as_numpy("label"), expected["label"])
+
+
+def test_infer_of_every_builtin_model_equals_the_engine(
+    client: tgrpc.InferenceServerClient, engine: Engine
+) -> None:
+    images = np.random.default_rng(1).random((2, 3, 224, 224), dtype=np.float32)
+    result = client.infer("squeezenet", [digits_input(images, "data")])
+    expected = engine.infer("squeezenet", {"data": images}).outputs["prob"]
+    np.testing.assert_allclose(result.as_numpy("prob"), expected, rtol=1e-5, atol=1e-7)
+    rows = rng_rows(3, 30, seed=2)
+    result = client.infer("tabular_xgb", [digits_input(rows)])
+    expected = engine.infer("tabular_xgb", {"input": rows}).outputs["probability"]
+    assert result.as_numpy("probability").shape == (3,)
+    np.testing.assert_allclose(result.as_numpy("probability"), expected, rtol=1e-6)
+
+
+def test_requested_outputs_are_the_only_ones_returned(client: tgrpc.InferenceServerClient) -> None:
+    x = rng_rows(2, 64)
+    result = client.infer("digits_mlp", [digits_input(x)], outputs=[tgrpc.InferRequestedOutput("label")])
+    assert [o.name for o in result.get_response().outputs] == ["label"]
+    assert result.as_numpy("probabilities") is None
+    assert result.as_numpy("label").shape == (2,)
+
+
+def test_timing_parameter_adds_stage_times(client: tgrpc.InferenceServerClient) -> None:
+    result = client.infer("digits_mlp", [digits_input(rng_rows(1, 64))], parameters={"lumenrt_timing": True})
+    params = result.get_response().parameters
+    assert params["lumenrt_batch_size"].int64_param >= 1
+    assert params["lumenrt_compute_ns"].int64_param > 0
+    assert params["lumenrt_engine_ns"].int64_param >= params["lumenrt_compute_ns"].int64_param
+    plain = client.infer("digits_mlp", [digits_input(rng_rows(1, 64))])
+    assert not plain.get_response().parameters
+
+
+def test_timeout_and_deadline_are_accepted(client: tgrpc.InferenceServerClient) -> None:
+    result = client.infer("digits_mlp", [digits_input(rng_rows(1, 64))], timeout=5_000_000, client_timeout=30)
+    assert result.as_numpy("label").shape == (1,)
+
+
+def typed_request(model: str, name: str, datatype: str, shape: list[int]) -> Any:
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = name, datatype
+    tensor.shape.extend(shape)
+    return request
+
+
+def test_typed_contents_infer_like_raw_contents(stub: Any, engine: Engine) -> None:
+    x = rng_rows(2, 64, seed=3)
+    request = typed_request("digits_mlp", "input", "FP32", [2, 64])
+    request.inputs[0].contents.fp32_contents.extend(x.reshape(-1).tolist())
+    response = stub.ModelInfer(request)
+    assert [o.name for o in response.outputs] == ["probabilities", "label"]
+    probabilities = np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(2, 10)
+    expected = engine.infer("digits_mlp", {"input": x}).outputs["probabilities"]
+    np.testing.assert_allclose(probabilities, expected, rtol=1e-6)
+
+
+def test_typed_contents_of_the_wrong_count_are_rejected(stub: Any) -> None:
+    request = typed_request("digits_mlp", "input", "FP32", [1, 64])
+    request.inputs[0].contents.fp32_contents.extend([0.5] * 63)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'input'" in info.value.details()
+    assert "fp32_contents has 63 values" in info.value.details()
+
+
+def test_typed_contents_in_the_wrong_field_are_rejected(stub: Any) -> None:
+    request = typed_request("digits_mlp", "input", "FP32", [1, 64])
+    request.inputs[0].contents.fp64_contents.extend([0.5] * 64)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "contents.fp64_contents given for a FP32 tensor" in info.value.details()
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+
+def test_unknown_model_is_not_found_and_named(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.infer("no_such_model", [digits_input(rng_rows(1, 64))]))
+    assert err.status() == "StatusCode.NOT_FOUND"
+    assert "no_such_model" in err.message()
+
+
+def test_wrong_datatype_is_invalid_argument_naming_the_input(client: tgrpc.InferenceServerClient) -> None:
+    x = rng_rows(1, 64).astype(np.float64)
+    err = grpc_error(lambda: client.infer("digits_mlp", [digits_input(x, datatype="FP64")]))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'input'" in err.message()
+    assert "FP64" in err.message()
+
+
+def test_wrong_shape_is_invalid_argument(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.infer("digits_mlp", [digits_input(rng_rows(1, 63))]))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'input'" in err.message()
+    assert "63" in err.message()
+
+
+def test_batch_over_max_batch_size_is_invalid_argument(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.infer("digits_mlp", [digits_input(rng_rows(33, 64))]))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "max_batch_size" in err.message()
+
+
+def test_unknown_input_and_output_names_are_rejected(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.infer("digits_mlp", [digits_input(rng_rows(1, 64), "pixels")]))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'pixels'" in err.message()
+    outputs = [tgrpc.InferRequestedOutput("logits")]
+    err = grpc_error(lambda: client.infer("digits_mlp", [digits_input(rng_rows(1, 64))], outputs=outputs))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'logits'" in err.message()
+
+
+def test_raw_contents_of_the_wrong_size_are_rejected(stub: Any) -> None:
+    request = typed_request("digits_mlp", "input", "FP32", [1, 64])
+    request.raw_input_contents.append(b"\0" * (64 * 4 - 1))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'input'" in info.value.details()
+    assert "255 bytes" in info.value.details()
+
+
+def test_raw_contents_count_must_match_the_inputs(stub: Any) -> None:
+    request = typed_request("digits_mlp", "input", "FP32", [1, 64])
+    request.raw_input_contents.extend([b"\0" * 256, b"\0" * 256])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "raw_input_contents has 2 entries" in info.value.details()
+
+
+def test_a_malformed_parameter_is_rejected(client: tgrpc.InferenceServerClient) -> None:
+    x = digits_input(rng_rows(1, 64))
+    err = grpc_error(lambda: client.infer("digits_mlp", [x], parameters={"lumenrt_timing": "yes"}))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "lumenrt_timing" in err.message()
+
+
+def test_unserved_rpcs_are_unimplemented(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.get_system_shared_memory_status())
+    assert err.status() == "StatusCode.UNIMPLEMENTED"
+
+
+# ---- statistics and repository --------------------------------------------------------------------
+
+
+def success_count(client: tgrpc.InferenceServerClient, model: str) -> tuple[int, int]:
+    (stats,) = client.get_inference_statistics(model).model_stats
+    return stats.inference_stats.success.count, stats.inference_stats.fail.count
+
+
+def test_statistics_count_successes_and_failures(client: tgrpc.InferenceServerClient) -> None:
+    ok_before, failed_before = success_count(client, "tabular_xgb")
+    for seed in range(3):
+        client.infer("tabular_xgb", [digits_input(rng_rows(2, 30, seed))])
+    grpc_error(lambda: client.infer("tabular_xgb", [digits_input(rng_rows(65, 30))]))
+    ok_after, failed_after = success_count(client, "tabular_xgb")
+    assert ok_after == ok_before + 3
+    assert failed_after == failed_before + 1
+    (stats,) = client.get_inference_statistics("tabular_xgb").model_stats
+    assert (stats.name, stats.version) == ("tabular_xgb", "1")
+    assert stats.inference_count >= 3
+    assert stats.execution_count >= 1
+    assert stats.last_inference > 0
+    assert stats.inference_stats.success.ns > 0
+    assert sum(b.compute_infer.count for b in stats.batch_stats) >= 1
+    every = client.get_inference_statistics().model_stats
+    assert {s.name for s in every} == set(MODELS)
+
+
+def test_repository_index_unload_and_load(client: tgrpc.InferenceServerClient) -> None:
+    index = {m.name: m for m in client.get_model_repository_index().models}
+    assert index["tabular_xgb"].state == "READY"
+    client.unload_model("tabular_xgb")
+    try:
+        assert not client.is_model_ready("tabular_xgb")
+        index = {m.name: m for m in client.get_model_repository_index().models}
+        assert index["tabular_xgb"].state == "UNAVAILABLE"
+        ready = {m.name for m in client.get_model_repository_index().models if m.state == "READY"}
+        assert "tabular_xgb" not in ready
+        err = grpc_error(lambda: client.infer("tabular_xgb", [digits_input(rng_rows(1, 30))]))
+        assert err.status() == "StatusCode.NOT_FOUND"
+        err = grpc_error(lambda: client.unload_model("tabular_xgb"))
+        assert err.status() == "StatusCode.NOT_FOUND"
+    finally:
+        client.load_model("tabular_xgb")
+    assert client.is_model_ready("tabular_xgb")
+    result = client.infer("tabular_xgb", [digits_input(rng_rows(1, 30))])
+    assert result.as_numpy("probability").shape == (1,)
+
+
+def test_loading_an_unknown_model_fails_naming_it(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.load_model("no_such_model"))
+    assert err.status() in ("StatusCode.NOT_FOUND", "StatusCode.INVALID_ARGUMENT")
+    assert "no_such_model" in err.message()
+
+
+# ---- limits and shutdown --------------------------------------------------------------------------
+
+
+def test_a_message_over_the_limit_is_resource_exhausted(engine: Engine) -> None:
+    options = ServeOptions(
+        http_port=None, grpc_port=0, tcp_port=None, limits=ServeLimits(max_body_bytes=4096)
+    )
+    with ServerThread(engine, options) as st:
+        c = tgrpc.InferenceServerClient(f"127.0.0.1:{st.ports['grpc']}")
+        try:
+            err = grpc_error(lambda: c.infer("digits_mlp", [digits_input(rng_rows(32, 64))]))
+            assert err.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert c.is_server_live()
+        finally:
+            c.close()
+
+
+def test_a_stopped_server_refuses_rpcs(engine: Engine) -> None:
+    st = ServerThread(engine, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)).start()
+    port = st.ports["grpc"]
+    c = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        assert c.is_server_ready()
+        st.stop()
+        assert st.drained is True
+        err = grpc_error(lambda: c.is_server_live(client_timeout=5))
+        assert err.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+    finally:
+        c.close()
+        st.stop()
+
+
+# ---- BYTES through a python-backend model ---------------------------------------------------------
+
+ECHO_MODEL = """
+import numpy as np
+
+
+class Echo:
+    def load(self):
+        pass
+
+    def infer(self, inputs):
+        text = inputs["text"]
+        scale = inputs["scale"]
+        shouted = np.empty(text.shape, dtype=object)
+        lengths = np.empty(text.shape, dtype=np.int32)
+        for i, item in np.ndenumerate(text):
+            shouted[i] = bytes(item).upper() + b"!"
+            lengths[i] = int(len(item) * scale[i[0], 0])
+        return {"shouted": shouted, "length": lengths}
+"""
+
+
+SLOW_MODEL = """
+from tests.integration.slow_model_state import ENTERED, GATE
+
+
+class Slow:
+    def load(self):
+        pass
+
+    def infer(self, inputs):
+        ENTERED.set()
+        GATE.wait(30)
+        return {"y": inputs["x"] * 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def python_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("python_repo")
+    (root / "echo" / "1").mkdir(parents=True)
+    (root / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    (root / "echo" / "config.yaml").write_text(
+        "backend: python\nmax_batch_size: 4\n"
+        "input:\n  - {name: text, datatype: BYTES, dims: [2]}\n  - {name: scale, datatype: FP32, dims: [1]}\n"
+        "output:\n  - {name: shouted, datatype: BYTES, dims: [2]}\n  - {name: length, datatype: INT32, dims: [2]}\n"
+        "instance_group: {count: 1}\n"
+    )
+    (root / "slow" / "1").mkdir(parents=True)
+    (root / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    (root / "slow" / "config.yaml").write_text(
+        "backend: python\nmax_batch_size: 0\n"
+        "input:\n  - {name: x, datatype: FP32, dims: [2]}\noutput:\n  - {name: y, datatype: FP32, dims: [2]}\n"
+        "instance_group: {count: 1}\n"
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def bytes_server(python_repo: Path) -> Iterator[ServerThread]:
+    eng = Engine(python_repo, models=["echo"])
+    try:
+        with ServerThread(eng, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as st:
+            yield st
+    finally:
+        eng.close()
+
+
+def test_bytes_tensors_round_trip(bytes_server: ServerThread) -> None:
+    c = tgrpc.InferenceServerClient(f"127.0.0.1:{bytes_server.ports['grpc']}")
+    try:
+        text = np.array([[b"abc", b""], [b"\xff\x00z", "h\u00e9".encode()]], dtype=object)
+        scale = np.array([[1.0], [2.0]], dtype=np.float32)
+        inputs = [tgrpc.InferInput("text", [2, 2], "BYTES"), tgrpc.InferInput("scale", [2, 1], "FP32")]
+        inputs[0].set_data_from_numpy(text)
+        inputs[1].set_data_from_numpy(scale)
+        result = c.infer("echo", inputs)
+        assert [(o.name, o.datatype) for o in result.get_response().outputs] == [
+            ("shouted", "BYTES"),
+            ("length", "INT32"),
+        ]
+        shouted = result.as_numpy("shouted")
+        assert shouted.shape == (2, 2)
+        assert shouted.tolist() == [[b"ABC!", b"!"], [b"\xff\x00Z!", "H\u00e9".encode() + b"!"]]
+        np.testing.assert_array_equal(result.as_numpy("length"), [[3, 0], [6, 6]])
+        metadata = c.get_model_metadata("echo", as_json=True)
+        assert metadata["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": ["-1", "2"]}
+        config = c.get_model_config("echo").config
+        assert config.input[0].data_type == model_config_pb2.TYPE_STRING
+    finally:
+        c.close()
+
+
+def test_bytes_from_typed_contents(bytes_server: ServerThread) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{bytes_server.ports['grpc']}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = typed_request("echo", "text", "BYTES", [1, 2])
+        request.inputs[0].contents.bytes_contents.extend([b"hi", b"yo"])
+        scale = request.inputs.add(name="scale", datatype="FP32", shape=[1, 1])
+        scale.contents.fp32_contents.append(1.0)
+        request.outputs.add(name="shouted")
+        response = stub.ModelInfer(request)
+    assert [o.name for o in response.outputs] == ["shouted"]
+    assert response.raw_output_contents[0] == b"\x03\0\0\0HI!\x03\0\0\0YO!"
+
+
+def test_shutdown_lets_an_in_flight_request_finish(python_repo: Path) -> None:
+    gate, entered = slow_model_state.GATE, slow_model_state.ENTERED
+    eng = Engine(python_repo, models=["slow"])
+    st = ServerThread(eng, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)).start()
+    c = tgrpc.InferenceServerClient(f"127.0.0.1:{st.ports['grpc']}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    stopper = threading.Thread(target=st.stop)
+    try:
+        gate.clear()
+        entered.clear()
+        x = np.array([1.5, -2.0], dtype=np.float32)
+        c.async_infer(
+            "slow", [digits_input(x, "x")], callback=lambda result, error: answers.put((result, error))
+        )
+        assert entered.wait(10)  # the request is inside the model
+        stopper.start()
+        while st.app.service.accepting:  # shutdown has begun (readiness false) ...
+            stopper.join(0.001)
+        gate.set()  # ... and only now may the request finish
+        result, error = answers.get(timeout=30)
+        assert error is None
+        np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
+        stopper.join(30)
+        assert st.drained is True
+    finally:
+        gate.set()
+        c.close()
+        if stopper.is_alive():
+            stopper.join(30)
+        st.stop()
+        eng.close()
