@@ -274,6 +274,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-args", default="", help="extra `lumenrt serve` flags, e.g. '--mode process'")
     p.add_argument("--triton-python", default=str(TRITON_VENV / "bin" / "python"),
                    help="interpreter with nvidia-pytriton (default .venv-triton/bin/python)")  # fmt: skip
+    p.add_argument("--triton-delay-us", type=int, default=0,
+                   help="Triton's max_queue_delay_microseconds (default 0, as lumenrt's built-in squeezenet)")  # fmt: skip
     p.add_argument("--triton-ports", type=int, nargs=2, default=[8010, 8011], metavar=("HTTP", "GRPC"))
     p.add_argument("--quick", action="store_true", help="short windows, concurrency 1 and 4 (a smoke run)")
     p.add_argument("--out", default="results", help="folder for the result file (default results/)")

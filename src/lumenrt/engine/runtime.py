@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lumenrt.backends.base import Backend, Placement
+from lumenrt.engine.batcher import IdleBoard
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.request import (
     Array,
@@ -142,6 +143,7 @@ class ModelRuntime:
         self._slots: dict[int, int] = {}  # request index -> arena slot
         self.arena_fallbacks = 0  # requests too big for a slot (or arena full): copied to fresh arrays
         self.rejected = 0
+        board = IdleBoard(len(placements))
         self.workers = [
             ThreadWorker(
                 index=i,
@@ -152,6 +154,7 @@ class ModelRuntime:
                 ring=self.ring,
                 table=self.table,
                 pin=options.pin,
+                board=board,
             )
             for i, p in enumerate(placements)
         ]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from lumenrt.backends.base import Backend, BackendSession, Placement
-from lumenrt.engine.batcher import Batcher, BatchPolicy, RingSource
+from lumenrt.engine.batcher import Batcher, BatchPolicy, IdleBoard, RingSource
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.request import (
     Array,
@@ -110,8 +110,10 @@ class ThreadWorker:
         ring: Ring,
         table: RequestTable,
         pin: bool,
+        board: IdleBoard | None = None,
     ) -> None:
         self.index = index
+        self._board = board
         self.config = config
         self.placement = placement
         self.stats = WorkerStats()
@@ -151,7 +153,7 @@ class ThreadWorker:
         self.ready.set()
         source = RingSource(self._ring, self._table.latches)
         self._signal = source.signal
-        batcher = Batcher(source, self._policy)
+        batcher = Batcher(source, self._policy, self._board, self.index)
         records = self._table.records
         try:
             while True:

@@ -43,9 +43,11 @@ RESPONSE = 2
 ERROR = 3
 KIND_NAMES = {REQUEST: "request", RESPONSE: "response", ERROR: "error"}
 
-# Flags (a request's bit asks, a response's bit says it is there).
+# Flags. Request: TIMING asks for stage times; response: TIMING says they are there; error:
+# CLOSING says the sender closes the connection after this frame (framing is broken).
 FLAG_TIMING = 0x01
-KNOWN_FLAGS = FLAG_TIMING
+FLAG_CLOSING = 0x02
+KNOWN_FLAGS = FLAG_TIMING  # the flags a request may carry
 
 HEADER = struct.Struct("<IBBHQII")  # magic+version, kind, flags, reserved, id, meta bytes, payload bytes
 HEADER_BYTES = HEADER.size  # 24
@@ -628,8 +630,12 @@ def encode_request(
     return [encode_header(REQUEST, flags, request_id, len(body), total) + body, *raws]
 
 
+JOIN_BELOW_BYTES = 64 << 10  # cached encoders join smaller frames into one buffer (one write)
+
+
 class RequestEncoder:
-    """``encode_request`` with the metadata of repeated request shapes cached (client side)."""
+    """``encode_request`` with the metadata of repeated request shapes cached (client side). A
+    frame under ``JOIN_BELOW_BYTES`` comes back as one joined buffer (a list of one)."""
 
     CACHE_ENTRIES = 256  # distinct request shapes remembered (guessed ample for one client)
 
@@ -655,6 +661,8 @@ class RequestEncoder:
                 self._cache.clear()
             self._cache[key] = body
         head = HEADER.pack(_MAGIC_VERSION, REQUEST, flags, 0, request_id, len(body), total)
+        if total + len(body) < JOIN_BELOW_BYTES:
+            return [b"".join([head, body, *raws])]
         return [head + body, *raws]
 
 
@@ -711,7 +719,8 @@ def encode_response(
 
 
 class ResponseEncoder:
-    """``encode_response`` with the metadata of repeated output shapes cached (server side)."""
+    """``encode_response`` with the metadata of repeated output shapes cached (server side). A
+    frame under ``JOIN_BELOW_BYTES`` comes back as one joined buffer (a list of one)."""
 
     CACHE_ENTRIES = 1024  # distinct (model, version, output shapes) remembered (guessed)
 
@@ -735,11 +744,16 @@ class ResponseEncoder:
                 self._cache.clear()
             self._cache[key] = desc
         if timing:
-            body = _timing_prefix(timing) + desc
-            head = HEADER.pack(_MAGIC_VERSION, RESPONSE, FLAG_TIMING, 0, request_id, len(body), total)
-            return [head + body, *raws]
-        head = HEADER.pack(_MAGIC_VERSION, RESPONSE, 0, 0, request_id, len(desc) + 1, total)
-        return [head + b"\x00" + desc, *raws]
+            prefix = _timing_prefix(timing)
+            flags = FLAG_TIMING
+        else:
+            prefix = b"\x00"
+            flags = 0
+        meta_bytes = len(prefix) + len(desc)
+        head = HEADER.pack(_MAGIC_VERSION, RESPONSE, flags, 0, request_id, meta_bytes, total)
+        if total + meta_bytes < JOIN_BELOW_BYTES:
+            return [b"".join([head, prefix, desc, *raws])]
+        return [head + prefix + desc, *raws]
 
 
 def decode_response_meta(meta: bytes) -> tuple[ResponseMeta, dict[str, int]]:
@@ -808,10 +822,11 @@ class ResponseDecoder:
 _MAX_MESSAGE_BYTES = 4096  # longer error messages are cut (guessed: far above any real message)
 
 
-def encode_error(request_id: int, status: int, message: str) -> bytes:
+def encode_error(request_id: int, status: int, message: str, *, closing: bool = False) -> bytes:
+    """``closing``: the connection ends after this frame (flag CLOSING)."""
     text = message.encode(errors="replace")[:_MAX_MESSAGE_BYTES]
     body = _U16.pack(status) + text
-    return encode_header(ERROR, 0, request_id, len(body), 0) + body
+    return encode_header(ERROR, FLAG_CLOSING if closing else 0, request_id, len(body), 0) + body
 
 
 def decode_error(meta: bytes) -> ErrorInfo:

@@ -20,6 +20,11 @@ Invariants:
     reads no clock for it.
   - Everything here runs on the one event loop; the service is never called from another thread.
 
+Buffers: a request's input arrays are read-only views of the received chunk (a ``bytes`` object
+owned by the frame); the engine copies them once when it queues the request, and the chunk is
+freed with the last view. An answer's tensors are joined into one buffer when small, else written
+as views of the output arrays, which the transport holds until they are sent.
+
 Shutdown order (``ServerApp.shutdown``):
   1. ``stop_listening``: the listening socket closes; the service already refuses new requests
      (503 error frames) since ``stop_accepting``;
@@ -57,7 +62,6 @@ from lumenrt.server.tensors import check_shape
 MAX_IN_FLIGHT = 256  # requests served at once per connection before reading pauses (guessed)
 RESUME_IN_FLIGHT = MAX_IN_FLIGHT // 2
 LINGER_S = 1.0  # after a fatal error: how long unread input is discarded before closing (guessed)
-JOIN_BELOW_BYTES = 64 << 10  # smaller answers are joined into one buffer; larger go by writelines
 PLAN_CACHE_ENTRIES = 4096  # decoded request metadata kept per front end ...
 PLAN_CACHE_MAX_BYTES = 512  # ... only for blocks this small: at most 2 MiB of keys
 
@@ -237,10 +241,8 @@ class TcpConnection(asyncio.Protocol):
             return
         if isinstance(answer, bytes):
             transport.write(answer)
-        elif len(answer) == 1:
+        elif len(answer) == 1:  # small frames come joined from the encoder
             transport.write(answer[0])
-        elif sum(len(p) if isinstance(p, bytes) else p.nbytes for p in answer) < JOIN_BELOW_BYTES:
-            transport.write(b"".join(answer))
         else:
             transport.writelines(answer)
 
@@ -251,7 +253,7 @@ class TcpConnection(asyncio.Protocol):
         """Answer, half-close, and discard input until the peer closes or LINGER_S passes."""
         if self.draining:
             return
-        self._reply_error(exc.request_id, exc.status, exc.message)
+        self._write(encode_error(exc.request_id, exc.status, exc.message, closing=True))
         self.draining = True  # from here on answers are dropped (the write side is shut)
         self.draining_since = self.front.loop.time()
         transport = self.transport

@@ -1,0 +1,149 @@
+"""A mock transport and a fake engine for driving the TCP front end without sockets: the real
+InferenceService and TcpConnection run on a private event loop, over an engine whose one model
+``double`` (input ``x`` FP32 [n, 2], output ``y`` = 2x) answers when a test lets it."""
+
+import asyncio
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lumenrt.engine.config import ModelConfig, TensorSpec
+from lumenrt.engine.engine import InferResult
+from lumenrt.engine.repository import ModelNotFound
+from lumenrt.engine.request import StageTimes
+from lumenrt.server import tcp_protocol as tp
+from lumenrt.server.service import InferenceService, ServeLimits
+from lumenrt.server.tcp_server import TcpConnection, TcpFrontEnd
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.config = ModelConfig(
+            name="double",
+            backend="python",
+            max_batch_size=8,
+            inputs=(TensorSpec("x", "FP32", (2,)),),
+            outputs=(TensorSpec("y", "FP32", (2,)),),
+        )
+        self.version = 1
+
+
+class FakeEngine:
+    """``hold`` closed: requests wait until it opens."""
+
+    def __init__(self) -> None:
+        self.rt = FakeRuntime()
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.started = 0
+        self.finished = 0
+        self.closed = False
+
+    def runtime(self, name: str, version: int | None = None) -> FakeRuntime:
+        if name != "double" or version not in (None, 1):
+            raise ModelNotFound(f"unknown model {name!r} (loaded: double)", Path("/nowhere"))
+        return self.rt
+
+    async def infer_async(
+        self, model: str, inputs: Any, *, version: int | None = None, timeout_s: float | None = None
+    ) -> InferResult:
+        self.started += 1
+        try:
+            await self.hold.wait()
+            x = inputs["x"]
+            times = StageTimes(enqueued_ns=10, dequeued_ns=20, compute_start_ns=30, compute_end_ns=45, completed_ns=50, batch_size=1)  # fmt: skip
+            return InferResult(model, 1, {"y": x * 2}, times)
+        finally:
+            self.finished += 1
+
+
+class FakeTransport:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.protocol: TcpConnection | None = None
+        self.written = bytearray()
+        self.closing = False
+        self.eof_written = False
+        self.reading = True
+
+    def attach(self, protocol: TcpConnection) -> None:
+        self.protocol = protocol
+        protocol.connection_made(self)  # type: ignore[arg-type]
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: Any) -> None:
+        assert not self.closing and not self.eof_written, "write after close or write_eof"
+        self.written += bytes(data)
+
+    def writelines(self, parts: Any) -> None:
+        for p in parts:
+            self.write(p)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            assert self.protocol is not None
+            self.loop.call_soon(self.protocol.connection_lost, None)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_written = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def frames(self) -> list[tp.Frame]:
+        """Every frame written so far (the written bytes must be whole frames)."""
+        out: list[tp.Frame] = []
+        dec = tp.FrameDecoder(out.append)
+        dec.feed(bytes(self.written))
+        assert dec.buffered_bytes == 0
+        return out
+
+
+class Harness:
+    """A front end with one connection on a mock transport, on its own loop."""
+
+    def __init__(self, limits: ServeLimits | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.engine = FakeEngine()
+        self.service = InferenceService(self.engine, limits)  # type: ignore[arg-type]
+        self.front = TcpFrontEnd(self.service, self.loop)
+        self.transport = FakeTransport(self.loop)
+        self.conn = TcpConnection(self.front)
+        self.transport.attach(self.conn)
+
+    def feed(self, data: bytes) -> None:
+        self.conn.data_received(data)
+
+    def settle(self) -> None:
+        """Run the loop until nothing is ready to run."""
+        for _ in range(20):
+            self.loop.run_until_complete(asyncio.sleep(0))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.front.close())
+        self.loop.close()
+
+
+def request(rid: int, rows: int = 1, model: str = "double", **kw: Any) -> bytes:
+    x = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    return b"".join(bytes(p) for p in tp.encode_request(rid, model, {"x": x}, **kw))
+
+
+def header(**fields: int) -> bytes:
+    f = {"version": 1, "kind": tp.REQUEST, "flags": 0, "reserved": 0, "rid": 1, "meta": 0, "payload": 0}
+    f.update(fields)
+    return b"LRT" + struct.pack("<BBBHQII", *f.values())
