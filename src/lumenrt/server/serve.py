@@ -169,7 +169,7 @@ async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits) -
             await asyncio.wait({drain}, timeout=0.05)
             if signals > before and not drain.done():
                 print("lumenrt serve: second signal, not waiting for in-flight requests", flush=True)
-                app.service.in_flight = 0  # ends the drain wait; their answers are dropped
+                app.service.cut_drain()
         drained = drain.result()
         if not drained:
             print(f"lumenrt serve: grace period of {limits.grace_s:g} s over, requests dropped", flush=True)

@@ -114,6 +114,7 @@ class InferenceService:
         self.limits = limits or ServeLimits()
         self.accepting = True
         self.in_flight = 0
+        self._drain_cut = False  # set by cut_drain(): wait_idle returns at once
         self._counters: dict[tuple[str, int], _Counters] = {}
         self._repo_lock = threading.Lock()  # one load/unload at a time
 
@@ -364,11 +365,15 @@ class InferenceService:
         """Readiness false; new requests are refused from now on."""
         self.accepting = False
 
+    def cut_drain(self) -> None:
+        """Stop waiting for in-flight requests (their answers are dropped with the connections)."""
+        self._drain_cut = True
+
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight (True) or ``timeout_s`` passes (False)."""
         deadline = time.monotonic() + timeout_s
         while self.in_flight > 0:
-            if time.monotonic() >= deadline:
+            if self._drain_cut or time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.005)
         return True
