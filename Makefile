@@ -16,7 +16,7 @@ BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.
 E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
             'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
 
-.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python bench bench-serve triton-peer clean
+.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python bench bench-serve bench-matrix bench-peers dashboard report triton-peer clean
 
 all: install
 
@@ -26,12 +26,16 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(BUILD_DEPS)
-	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch,dashboard]'
 	$(BIN)/pip install -q --no-deps tritonclient==2.51.0
 	$(BIN)/pip install -q $(E2E_DEPS)
 	@ldconfig -p | grep -q libb64.so.0d || (apt-get install -y -q libb64-0d >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libb64-0d >/dev/null 2>&1)) || \
 	  echo "note: could not install Debian's libb64-0d: the perf_analyzer e2e tests will be skipped"
+	@(command -v chromium >/dev/null && command -v chromedriver >/dev/null) || \
+	  (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1)) || \
+	  echo "note: could not install Debian's chromium + chromium-driver: the dashboard browser test will be skipped"
 
 serve: install
 	$(BIN)/lumenrt serve $(ARGS)
@@ -79,6 +83,22 @@ $(TRITON_VENV)/bin/python:
 
 bench-serve: install triton-peer
 	$(BIN)/lumenrt bench serve
+
+# the architecture table: queue x allocator x worker mode x batch size, each served and loaded (~10 min)
+bench-matrix: install
+	$(BIN)/lumenrt bench matrix $(ARGS)
+
+# lumenrt against Triton (PyTriton), MLServer and a plain FastAPI endpoint; run.py creates
+# .venv-triton, .venv-mlserver and .venv-fastapi itself (~16-18 min; ARGS="--quick" for a smoke run)
+bench-peers: install
+	$(BIN)/python benchmarks/peers/run.py $(ARGS)
+
+# the Streamlit dashboard over results/ (http://127.0.0.1:8501), and the same plots as one HTML file
+dashboard: install
+	$(BIN)/lumenrt dashboard results $(ARGS)
+
+report: install
+	$(BIN)/lumenrt bench report results $(ARGS)
 
 clean:
 	rm -rf build results .pytest_cache .mypy_cache .ruff_cache

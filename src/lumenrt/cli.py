@@ -86,11 +86,65 @@ def _build_parser() -> argparse.ArgumentParser:
             "a time. Prints tables and the acceptance ratios; writes a result file.",
         )
     )
+    from lumenrt.bench.load_cli import add_arguments as add_load_args
+
+    add_load_args(
+        bench_sub.add_parser(
+            "load",
+            help="the load generator: closed or open loop against a running server (TCP, HTTP, gRPC)",
+            description="Drive one model of a running server from this process (or --processes "
+            "more): closed loop (--concurrency clients) or open loop (--rate, constant or Poisson "
+            "arrivals, latency measured from the intended send time). Prints HdrHistogram "
+            "percentiles, throughput and errors by kind; writes a per-request CSV and a summary "
+            "JSON (machine, commit, server config, load config). `lumenrt bench --target ...` is "
+            "short for `lumenrt bench load --target ...`.",
+        )
+    )
+    from lumenrt.bench.matrix import add_arguments as add_matrix_args
+
+    add_matrix_args(
+        bench_sub.add_parser(
+            "matrix",
+            help="the architecture table: queue x allocator x worker mode x batch size, each served and loaded",
+            description="For each configuration, start `lumenrt serve` with it, drive SqueezeNet at a "
+            "fixed offered rate (open loop) and at saturation (closed loop), and stop it; in the same "
+            "run measure the raw limit (ONNX Runtime in-process, same cores) so every row has a ratio "
+            "to it. Prints the table (throughput, p50, p99, p99.9, mean compute) and writes it.",
+        )
+    )
+    from lumenrt.dashboard.report_cli import add_arguments as add_report_args
+
+    add_report_args(
+        bench_sub.add_parser(
+            "report",
+            help="write the dashboard's plots for result files as one static HTML file (no server)",
+            description="Read result files (load, matrix, peers) from a results folder and write one "
+            "self-contained HTML file with the dashboard's plots (plotly.js inline, works offline).",
+        )
+    )
+    from lumenrt.dashboard.launch import add_arguments as add_dashboard_args
+
+    add_dashboard_args(
+        sub.add_parser(
+            "dashboard",
+            help="open the Streamlit dashboard over a results folder",
+            description="Start a Streamlit app on 127.0.0.1 over the result files in RESULTS_DIR "
+            "(default results/): latency over time, throughput over time, percentiles and CDF, time "
+            "per stage, and runs side by side (architecture matrix, peer table).",
+        )
+    )
     return parser
 
 
+def _expand_bench_shorthand(argv: list[str]) -> list[str]:
+    """``lumenrt bench --target ...`` means ``lumenrt bench load --target ...``."""
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1].startswith("-") and argv[1] not in ("-h", "--help"):
+        return ["bench", "load", *argv[1:]]
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args = _build_parser().parse_args(_expand_bench_shorthand(list(sys.argv[1:] if argv is None else argv)))
     if args.command == "serve":
         from lumenrt.server.serve import run_from_args as run_serve
 
@@ -115,6 +169,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lumenrt.bench.stages import run_from_args as run_stages
 
         return run_stages(args)
+    if args.command == "bench" and args.bench_command == "load":
+        from lumenrt.bench.load_cli import run_from_args as run_load
+
+        return run_load(args)
+    if args.command == "bench" and args.bench_command == "matrix":
+        from lumenrt.bench.matrix import run_from_args as run_matrix
+
+        return run_matrix(args)
+    if args.command == "bench" and args.bench_command == "report":
+        from lumenrt.dashboard.report_cli import run_from_args as run_report
+
+        return run_report(args)
+    if args.command == "dashboard":
+        from lumenrt.dashboard.launch import run_from_args as run_dashboard
+
+        return run_dashboard(args)
     return 2
 
 

@@ -157,6 +157,8 @@ def _start_triton(args: argparse.Namespace) -> tuple["subprocess.Popen[str]", di
             str(grpc_port),
             "--sessions",
             "2",
+            "--max-queue-delay-us",
+            str(args.triton_delay_us),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

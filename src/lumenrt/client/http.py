@@ -347,6 +347,13 @@ class AsyncHttpClient:
                 return status, response_headers, data
         raise AssertionError("unreachable")
 
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One request on a pooled keep-alive connection: (status, headers, body). For callers that
+        encode once and send many times (the load generator); ``infer`` is the usual way."""
+        return await self._request(method, path, body, headers)
+
     async def _open(self) -> _Connection:
         reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEADER_BYTES)
         return _Connection(reader, writer)

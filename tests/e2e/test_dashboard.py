@@ -1,0 +1,270 @@
+"""``lumenrt dashboard`` as a real process, driven by real headless Chromium (selenium).
+
+The test writes a small results folder, starts ``python -m lumenrt.cli dashboard DIR --port P
+--no-browser``, waits for the plotly plots of each view (single run, compare runs, architecture
+matrix, peers) to render, and requires no Streamlit exception and no error alert in any. It
+saves a screenshot of the single-run view under tmp_path and, if LUMENRT_DASHBOARD_SCREENSHOT is
+set, to that path too. Teardown stops the dashboard with SIGTERM and requires exit status 0 (the
+launcher forwards the signal to Streamlit).
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.dashboard_fixtures import FixtureResults, write_results
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+START_TIMEOUT_S = 60.0  # Streamlit's first start on a loaded 2-core machine takes a few seconds
+RENDER_TIMEOUT_S = 90.0  # per view: a Streamlit rerun plus plotly drawing in software-rendered Chromium
+STOP_TIMEOUT_S = 30.0
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
+    reason=f"needs Debian's chromium and chromedriver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install "
+    "chromium chromium-driver",
+)
+
+T = TypeVar("T")
+
+
+@dataclass
+class Dashboard:
+    url: str
+    results: FixtureResults
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc), to clean up if the launcher itself hangs."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "_stcore/health", timeout=2) as r:
+            return int(r.status) == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path) -> Iterator[Dashboard]:
+    results = write_results(tmp_path / "results")
+    (results.root / "junk.json").write_text("{ not json")  # a bad file must not break a view
+    port = _free_port()
+    log_path = tmp_path / "dashboard.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lumenrt.cli",
+                "dashboard",
+                str(results.root),
+                "--port",
+                str(port),
+                "--no-browser",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    board = Dashboard(url=f"http://127.0.0.1:{port}/", results=results, log_path=log_path)
+    status: int | None = None
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _healthy(board.url):
+            assert proc.poll() is None, f"dashboard exited with {proc.returncode}:\n{board.log()}"
+            assert time.monotonic() < deadline, f"dashboard not up in {START_TIMEOUT_S} s:\n{board.log()}"
+            time.sleep(0.2)
+        assert board.url in board.log()  # the launcher printed where it listens
+        yield board
+    finally:
+        streamlit = _children(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            status = proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for pid in [proc.pid, *streamlit]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait()
+    assert status == 0, f"dashboard exit status {status} after SIGTERM:\n{board.log()}"
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1400"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(what: str, check: Callable[[], T | None], board: Dashboard, driver: WebDriver) -> T:
+    """Poll ``check`` until it returns a truthy value, for at most RENDER_TIMEOUT_S."""
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            shot = board.log_path.with_name("timeout.png")
+            driver.save_screenshot(str(shot))
+            pytest.fail(
+                f"timed out after {RENDER_TIMEOUT_S} s waiting for {what} (screenshot {shot}):\n{board.log()}"
+            )
+        time.sleep(0.25)
+
+
+def _plot_titles(driver: WebDriver) -> list[str]:
+    """The titles of the plotly plots on the page that are drawn (not stale from a previous view)."""
+    titles = []
+    for plot in driver.find_elements(By.CSS_SELECTOR, '[data-stale="false"] .js-plotly-plot'):
+        titles += [t.text for t in plot.find_elements(By.CSS_SELECTOR, ".gtitle")]
+    return titles
+
+
+def _await_view(driver: WebDriver, board: Dashboard, view: str, titles: list[str]) -> None:
+    """Wait until the main area shows ``view`` with a drawn plot for each of ``titles`` (prefixes)."""
+
+    def ready() -> bool:
+        headings = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stMain"] h1')
+        if not headings or headings[0].text.strip() != view:
+            return False
+        drawn = _plot_titles(driver)
+        return all(any(d.startswith(t) for d in drawn) for t in titles)
+
+    _wait(f"the {view} view with plots {titles}", ready, board, driver)
+    _assert_no_errors(driver, board)
+
+
+def _assert_no_errors(driver: WebDriver, board: Dashboard) -> None:
+    exceptions = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+    assert not exceptions, f"Streamlit exception: {exceptions[0].text}\n{board.log()}"
+    errors = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stAlertContentError"]')
+    alerts = [a.text for a in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stAlert"]')]
+    assert not errors, f"error alert: {errors[0].text}"
+    assert not [a for a in alerts if "Error" in a], f"alert mentioning an error: {alerts}"
+
+
+def _pick_view(driver: WebDriver, view: str) -> None:
+    options = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stRadioOption"]')
+    for option in options:
+        if option.text.strip() == view:
+            option.click()
+            return
+    pytest.fail(f"no sidebar option {view!r} among {[o.text for o in options]}")
+
+
+def _add_run(driver: WebDriver, name: str) -> None:
+    """Type a run's name into the sidebar's run picker and take the first match."""
+    box = driver.find_element(
+        By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stMultiSelect"] input'
+    )
+    box.click()
+    box.send_keys(name)
+    box.send_keys(Keys.ENTER)
+    box.send_keys(Keys.ESCAPE)
+
+
+def test_dashboard_renders_every_view(dashboard: Dashboard, browser: WebDriver, tmp_path: Path) -> None:
+    newest, older = dashboard.results.load_names
+    started = time.monotonic()
+    browser.get(dashboard.url)
+
+    # the newest run (open loop, no server stages): 4 plots
+    _await_view(
+        browser,
+        dashboard,
+        "Single run",
+        [
+            f"Latency over time (µs): {newest}",
+            f"Throughput over time (requests/s, per 1 s): {newest}",
+            f"Latency percentiles (µs): {newest}",
+            f"Latency CDF (µs): {newest}",
+        ],
+    )
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) >= 4
+    shot = tmp_path / "dashboard-single-run.png"
+    assert browser.save_screenshot(str(shot))
+    if os.environ.get("LUMENRT_DASHBOARD_SCREENSHOT"):
+        target = Path(os.environ["LUMENRT_DASHBOARD_SCREENSHOT"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, target)
+
+    _pick_view(browser, "Compare runs")
+    _wait(
+        "the hint to pick a second run",
+        lambda: any(
+            "two or more" in a.text for a in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stAlert"]')
+        ),
+        dashboard,
+        browser,
+    )
+    _add_run(browser, older)
+    _await_view(
+        browser,
+        dashboard,
+        "Compare runs",
+        [
+            "Latency CDF (µs)",
+            "Latency percentiles by run",
+            "Throughput by run (requests/s)",
+            "Throughput over time by run",
+            "Mean time per stage (µs)",
+        ],
+    )
+    browser.save_screenshot(str(tmp_path / "dashboard-compare.png"))
+
+    _pick_view(browser, "Architecture matrix")
+    _await_view(
+        browser, dashboard, "Architecture matrix", ["Architecture matrix (requests/s, µs): squeezenet"]
+    )
+    assert "mpmc/lumen_arena/thread w2 b8" in browser.page_source  # the table
+    browser.save_screenshot(str(tmp_path / "dashboard-matrix.png"))
+
+    _pick_view(browser, "Peers")
+    _await_view(browser, dashboard, "Peers", ["Peers: throughput (requests/s) and p99 (µs)"])
+    browser.save_screenshot(str(tmp_path / "dashboard-peers.png"))
+
+    elapsed_s = time.monotonic() - started
+    print(f"dashboard: four views rendered in {elapsed_s:.1f} s; screenshots in {tmp_path}")
