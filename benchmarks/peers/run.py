@@ -200,6 +200,7 @@ class ModelSpec:
     max_batch: int
     preferred_batch_sizes: tuple[int, ...]
     max_queue_delay_us: int
+    instances: int  # the model config's instance_group count, else SESSIONS (Triton gets the same)
     inputs: tuple[dict[str, Any], ...]  # lumenrt config entries: name, datatype, dims
     outputs: tuple[dict[str, Any], ...]
     npz_path: Path  # example input, batch 1, one array per input name
@@ -242,6 +243,7 @@ def export_model(name: str, repo: Path, runs_dir: Path) -> ModelSpec:
         max_batch=int(config.get("max_batch_size", 0)),
         preferred_batch_sizes=tuple(int(b) for b in batching.get("preferred_batch_size", ())),
         max_queue_delay_us=int(batching.get("max_queue_delay_us", 0)),
+        instances=int((config.get("instance_group") or {}).get("count") or SESSIONS),
         inputs=tuple(config["input"]),
         outputs=tuple(config["output"]),
         npz_path=npz_path,
@@ -399,7 +401,7 @@ def triton_command(python: Path, model: ModelSpec, http_port: int, grpc_port: in
         str(python), str(TRITON_PEER_SCRIPT),
         "--model-path", str(model.onnx_path), "--model-name", model.name,
         "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-        "--sessions", str(SESSIONS), "--intra-op-threads", str(INTRA_OP_THREADS),
+        "--sessions", str(model.instances), "--intra-op-threads", str(INTRA_OP_THREADS),
         "--max-batch", str(model.max_batch),
         "--preferred-batch-sizes", *(str(b) for b in model.preferred_batch_sizes),
         "--max-queue-delay-us", str(model.max_queue_delay_us),
@@ -886,7 +888,7 @@ def _duration_text(seconds: float) -> str:
 def prepare(args: argparse.Namespace, stamp: str) -> tuple[RunContext, list[ModelSpec]]:
     from lumenrt.models.builtin import ensure_builtin_repository
 
-    runs_dir = Path(args.out) / f"peers-{stamp}"
+    runs_dir = Path(args.out).resolve() / f"peers-{stamp}"  # absolute: peers run in other folders
     venvs = venv_specs()
     for peer in args.peers:
         if peer == "lumenrt":

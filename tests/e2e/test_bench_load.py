@@ -84,6 +84,9 @@ def test_counts_add_up_and_percentiles_match_the_csv(
         assert r["compute_us"] != "" and float(r["compute_us"]) < float(r["latency_us"])
     assert sum(summary["timeseries"]["ok"]) == counts["ok"]
     assert summary["server"]["config"]["name"] == "digits_mlp"
+    # the server's architecture, from its model config's lumenrt_* parameters
+    assert summary["server"]["architecture"]["queue_type"] == "mpmc"
+    assert summary["server"]["architecture"]["mode"] == "thread"
     assert summary["machine"]["nproc"] >= 1 and "commit" in summary
 
 

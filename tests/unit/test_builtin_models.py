@@ -55,7 +55,7 @@ def test_repository_has_three_models_with_config_and_version_1(repo: Path) -> No
         )  # 0 for the tiny models: batch what is queued
     assert yaml.safe_load((repo / "tabular_xgb" / "config.yaml").read_text())["backend"] == "xgboost"
     assert (repo / MARKER).is_file()
-    assert not list(repo.parent.glob(".builtin-v3.tmp-*"))
+    assert not list(repo.parent.glob(".builtin-v4.tmp-*"))
 
 
 def test_configs_pass_the_model_config_loader(repo: Path) -> None:
@@ -178,7 +178,7 @@ def test_concurrent_first_uses_build_once_and_clear_crashed_builds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Leftovers of a crash: a temporary folder, and a final folder without its marker.
-    (tmp_path / ".builtin-v3.tmp-crashed" / "squeezenet").mkdir(parents=True)
+    (tmp_path / ".builtin-v4.tmp-crashed" / "squeezenet").mkdir(parents=True)
     (tmp_path / builtin.BUILTIN_VERSION / "digits_mlp").mkdir(parents=True)
     real_build = builtin.build_repository
     builds: list[Path] = []

@@ -202,6 +202,18 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def architecture(config: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """lumenrt's engine architecture from its model config's ``lumenrt_*`` parameters (queue type,
+    allocator, worker mode, spin, pinning); None for a server that does not say (another server)."""
+    params = (config or {}).get("parameters") or {}
+    found = {
+        k.removeprefix("lumenrt_"): str(v.get("string_value"))
+        for k, v in params.items()
+        if k.startswith("lumenrt_") and isinstance(v, dict)
+    }
+    return found or None
+
+
 def _default_name(args: argparse.Namespace) -> str:
     protocol = parse_target(args.target).protocol
     load = f"c{args.concurrency}" if args.rate is None else f"r{args.rate:g}"

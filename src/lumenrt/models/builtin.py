@@ -6,7 +6,7 @@ Models (one ``<repo>/<model>/config.yaml`` + ``<repo>/<model>/1/model.<ext>`` ea
   digits_mlp   MLP trained on scikit-learn's digits (ONNX)     real predictions
   tabular_xgb  XGBoost trained on breast cancer (XGBoost JSON) real predictions
 
-Cache: ``<root>/builtin-v3`` where ``<root>`` is the ``cache_dir`` argument, else
+Cache: ``<root>/builtin-v4`` where ``<root>`` is the ``cache_dir`` argument, else
 ``$LUMENRT_CACHE_DIR``, else ``$XDG_CACHE_HOME/lumenrt`` (default ``~/.cache/lumenrt``). The folder
 name carries a format version: change ``BUILTIN_VERSION`` whenever a model or config changes, and
 the next start builds the new one beside the old.
@@ -15,7 +15,7 @@ Invariants
   - A repository folder that exists under its final name is complete: it is built in a temporary
     folder beside it, its marker file is written (and synced) last, and only then is it renamed
     into place (rename(2) is atomic within one file system). A crash leaves only a temporary folder.
-  - Builds are serialized across threads and processes by flock(2) on ``<root>/builtin-v3.lock``
+  - Builds are serialized across threads and processes by flock(2) on ``<root>/builtin-v4.lock``
     (released by the kernel when a builder dies). So whoever holds the lock and finds temporary
     folders knows they are leftovers of a crashed build, and removes them.
   - The fast path (repository complete) takes no lock and imports no ML library.
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-BUILTIN_VERSION = "builtin-v3"
+BUILTIN_VERSION = "builtin-v4"
 MODEL_NAMES = ("squeezenet", "digits_mlp", "tabular_xgb")
 MARKER = ".lumenrt-builtin.json"  # written last; its presence means "complete"
 CACHE_ENV = "LUMENRT_CACHE_DIR"

@@ -172,7 +172,7 @@ class InferenceService:
                 {"name": cfg.name, "kind": "KIND_CPU", "count": workers, "gpus": [],
                  "host_policy": ""}
             ],
-            "parameters": {},
+            "parameters": self._architecture(rt),
         }  # fmt: skip
         if cfg.dynamic_batching is not None:
             db = cfg.dynamic_batching
@@ -185,6 +185,19 @@ class InferenceService:
                 },
             }
         return out
+
+    def _architecture(self, rt: Any) -> dict[str, dict[str, str]]:
+        """The engine's architecture as Triton-style string parameters (``lumenrt_*``), so that a
+        load generator can record which configuration it measured."""
+        options = rt.options
+        arch = {
+            "mode": self.engine.settings.worker_mode,
+            "queue_type": options.queue_type,
+            "allocator_type": options.allocator_type,
+            "spin_us": options.spin_us,
+            "pin": options.pin,
+        }
+        return {f"lumenrt_{k}": {"string_value": str(v)} for k, v in arch.items()}
 
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         """Triton's statistics shape: counts and cumulative ns per stage, per model version."""
