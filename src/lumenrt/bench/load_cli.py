@@ -331,6 +331,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         "protocol": url.protocol,
         "model": args.model,
         "version": args.model_version,
+        "architecture": architecture(config),
         "metadata": metadata,
         "config": config,
         "label": labels,
