@@ -75,3 +75,16 @@ def test_matrix_runs_a_slice_and_writes_rows(tmp_path: Path, capsys: pytest.Capt
     assert fixed["throughput_per_s"] == pytest.approx(200, rel=0.2)  # the offered rate was carried
     assert "| naive | standard | thread | 2 | 4 | saturation |" in format_table(doc)
     assert "| naive | standard | thread | 2 | 4 | saturation |" in out
+
+
+def test_spsc_rows_have_their_one_worker() -> None:
+    import argparse
+
+    from lumenrt.bench.matrix import add_arguments, configs
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    rows = configs(parser.parse_args([]))
+    assert {c.workers for c in rows if c.queue_type == "spsc"} == {1}
+    assert {c.workers for c in rows if c.queue_type != "spsc" and c.queue_type != "mpmc"} == {2}
+    assert len(rows) == 4 * 2 * 2 * 2 + 2  # the product, plus one-worker mpmc rows per mode

@@ -152,3 +152,11 @@ def test_bad_override_is_named_as_an_override(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_engine_config(path, {"threads": 2})
     assert (caught.value.source, caught.value.field) == ("<overrides>", "engine.threads")
+
+
+def test_defaults_replace_built_in_defaults_but_not_the_file_or_overrides(tmp_path: Path) -> None:
+    assert load_engine_config(None, None, defaults={"spin_us": 0}).spin_us == 0
+    path = tmp_path / "lumenrt.yaml"
+    path.write_text("engine: {spin_us: 30}\n")
+    assert load_engine_config(path, None, defaults={"spin_us": 0}).spin_us == 30
+    assert load_engine_config(path, {"spin_us": 7}, defaults={"spin_us": 0}).spin_us == 7

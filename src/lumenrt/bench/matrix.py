@@ -67,7 +67,7 @@ class Config:
 
 def configs(args: argparse.Namespace) -> list[Config]:
     rows = [
-        Config(q, a, m, WORKERS, b)
+        Config(q, a, m, 1 if q == "spsc" else WORKERS, b)  # spsc has one consumer: one worker
         for q, a, m, b in itertools.product(args.queue_types, args.allocators, args.modes, args.batch_sizes)
     ]
     if args.single_worker:  # the seed's "one worker: half the throughput", on the default architecture

@@ -118,11 +118,16 @@ class EngineConfig:
         return out
 
 
-def load_engine_config(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> EngineConfig:
+def load_engine_config(
+    path: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> EngineConfig:
     """The engine config from ``path`` (lumenrt.json / .yaml; None: defaults only), with
-    ``overrides`` (engine keys; None values ignored) applied over it."""
-    values: dict[str, Any] = {}
-    origin: dict[str, str] = {}
+    ``overrides`` (engine keys; None values ignored) applied over it; ``defaults`` replace the
+    built-in defaults of the keys they name (the file and the overrides still win)."""
+    values: dict[str, Any] = dict(defaults or {})
+    origin: dict[str, str] = dict.fromkeys(values, "<defaults>")
     if path is not None:
         raw = check_keys(read_config_file(path), SECTIONS, path, "")
         section = check_keys(raw.get("engine", {}), ENGINE_KEYS, path, "engine")
