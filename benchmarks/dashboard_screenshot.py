@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -48,10 +49,21 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the dashboard did not start")
 
 
+def _view_options(driver: webdriver.Chrome) -> list[Any]:
+    """The sidebar's view radio options, once the app has drawn them."""
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = driver.find_elements(
+            By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stRadioOption"]'
+        )
+        if found:
+            return list(found)
+        time.sleep(0.25)
+    raise RuntimeError(f"the sidebar's views did not appear in {RENDER_TIMEOUT_S} s")
+
+
 def _shoot(driver: webdriver.Chrome, view: str, path: Path, min_plots: int) -> None:
-    for option in driver.find_elements(
-        By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stRadioOption"]'
-    ):
+    for option in _view_options(driver):
         if option.text.strip() == view:
             option.click()
             break

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from lumenrt.bench.load_stats import CSV_COLUMNS  # the load generator's own columns
+
 MACHINE = {
     "hostname": "fixture-host",
     "platform": "Linux-6.1-x86_64",
@@ -26,19 +28,6 @@ MACHINE = {
     "load_average": [0.5, 0.4, 0.3],
 }
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-CSV_COLUMNS = (
-    "intended_s",
-    "sent_s",
-    "latency_us",
-    "ok",
-    "error",
-    "queue_us",
-    "batch_us",
-    "compute_us",
-    "return_us",
-    "batch_size",
-    "process",
-)
 _STAGE_SHARES = {"queue": 0.15, "batch": 0.05, "compute": 0.65, "return": 0.05}
 
 

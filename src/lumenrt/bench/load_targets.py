@@ -132,7 +132,24 @@ class TcpTarget:
         self._clients.clear()
 
 
-class HttpTarget:
+class _HttpConnections:
+    """One single-connection keep-alive client per load slot (HTTP/1.1: one request at a time each)."""
+
+    url: TargetUrl
+    _clients: list[AsyncHttpClient]
+
+    async def open(self, connections: int) -> None:
+        self._clients = [
+            AsyncHttpClient(self.url.host, self.url.port, max_connections=1) for _ in range(connections)
+        ]
+
+    async def close(self) -> None:
+        for client in self._clients:
+            await client.close()
+        self._clients.clear()
+
+
+class HttpTarget(_HttpConnections):
     """KServe V2 HTTP; ``binary`` picks Triton's binary extension or JSON tensors."""
 
     def __init__(
@@ -148,12 +165,7 @@ class HttpTarget:
         self.protocol = "http" if binary else "http-json"
         self.url = url
         self.request = encode_infer(model, inputs, None, version, timeout_s, stages, binary, "1")
-        self._clients: list[AsyncHttpClient] = []
-
-    async def open(self, connections: int) -> None:
-        self._clients = [
-            AsyncHttpClient(self.url.host, self.url.port, max_connections=1) for _ in range(connections)
-        ]
+        self._clients = []
 
     async def infer(self, index: int) -> dict[str, int]:
         req = self.request
@@ -161,13 +173,8 @@ class HttpTarget:
         status, headers, body = await client.request("POST", req.path, req.body, req.headers)
         return decode_infer(status, headers, body).timing
 
-    async def close(self) -> None:
-        for client in self._clients:
-            await client.close()
-        self._clients.clear()
 
-
-class RawHttpTarget:
+class RawHttpTarget(_HttpConnections):
     """POST the one input's raw bytes; a plain endpoint (FastAPI peer) answers with raw bytes."""
 
     protocol = "http-raw"
@@ -179,12 +186,7 @@ class RawHttpTarget:
         self.url = url
         self.body = np.ascontiguousarray(array).tobytes()
         self.headers = {"Content-Type": "application/octet-stream"}
-        self._clients: list[AsyncHttpClient] = []
-
-    async def open(self, connections: int) -> None:
-        self._clients = [
-            AsyncHttpClient(self.url.host, self.url.port, max_connections=1) for _ in range(connections)
-        ]
+        self._clients = []
 
     async def infer(self, index: int) -> dict[str, int]:
         client = self._clients[index % len(self._clients)]
@@ -192,11 +194,6 @@ class RawHttpTarget:
         if status != 200:
             raise InferenceError(status, body[:200].decode("utf-8", "replace"))
         return {}
-
-    async def close(self) -> None:
-        for client in self._clients:
-            await client.close()
-        self._clients.clear()
 
 
 class GrpcTarget:

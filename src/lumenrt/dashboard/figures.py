@@ -479,17 +479,25 @@ def peers_table_rows(peers: PeersRun) -> list[dict[str, str]]:
     ]
 
 
+def peer_series(row: Any) -> str:
+    """A bar series: one peer over one protocol with one driver (a peer may have several)."""
+    return f"{row.peer} {row.protocol}" + (" (perf_analyzer)" if row.driver == "perf_analyzer" else "")
+
+
 def peers_bars(peers: PeersRun) -> go.Figure:
-    """Throughput and p99 per peer at each concurrency, one row of panels per model."""
+    """Throughput and p99 per peer series (peer, protocol, driver) at each concurrency, one row of
+    panels per model."""
     models = sorted({row.model for row in peers.rows}) or ["(none)"]
-    names = sorted({row.peer for row in peers.rows}, key=lambda p: (p != "lumenrt", p))
+    names = sorted({peer_series(row) for row in peers.rows}, key=lambda p: (not p.startswith("lumenrt"), p))
     colors = {peer: _COLORS[i % len(_COLORS)] for i, peer in enumerate(names)}
     titles = [t for m in models for t in (f"{m}: throughput (requests/s)", f"{m}: p99 latency (µs)")]
     fig = make_subplots(rows=len(models), cols=2, subplot_titles=titles, vertical_spacing=0.25 / len(models))
     for r, model in enumerate(models, start=1):
         levels = sorted({row.concurrency for row in peers.rows if row.model == model})
         for peer in names:
-            by_level = {row.concurrency: row for row in peers.rows if row.model == model and row.peer == peer}
+            by_level = {
+                row.concurrency: row for row in peers.rows if row.model == model and peer_series(row) == peer
+            }
             x = [f"c{c}" for c in levels]
             for col, values, unit in (
                 (1, [by_level[c].throughput_per_s if c in by_level else None for c in levels], "req/s"),
