@@ -25,7 +25,7 @@ from lumenrt.bench.load_inputs import inputs_from_file, inputs_from_metadata, pa
 from lumenrt.bench.load_run import LoadPlan, Records, Window, run_load
 from lumenrt.bench.load_stats import summarize, write_csv
 from lumenrt.bench.load_targets import fetch_model_info, parse_target
-from lumenrt.bench.results import git_commit, machine_info, write_result
+from lumenrt.bench.results import git_commit, machine_info, new_result_path, write_json
 
 _PROGRESS_EVERY_S = 0.25
 _BAR_WIDTH = 28
@@ -171,13 +171,11 @@ def write_outcome(
         },
         **figures,
     }
-    json_path = write_result(out_dir, "load", summary)
+    json_path = new_result_path(out_dir, "load")
     csv_path = json_path.with_suffix(".csv")
-    write_csv(csv_path, columns, window)
     summary["csv"] = csv_path.name
-    tmp = json_path.with_name(json_path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(json_path)
+    write_csv(csv_path, columns, window)
+    write_json(json_path, summary)  # after the CSV: a summary never names a CSV that is not there
     return LoadOutcome(summary, json_path, csv_path)
 
 

@@ -245,10 +245,9 @@ class GrpcTarget:
 
 
 def _datatype(array: npt.NDArray[Any]) -> str:
-    from lumenrt.server.tcp_protocol import DATATYPE_CODES, to_raw
+    from lumenrt.engine import dtypes
 
-    code, _ = to_raw(array)
-    return next(name for name, c in DATATYPE_CODES.items() if c == code)
+    return dtypes.from_numpy(array.dtype)
 
 
 def _raw_bytes(array: npt.NDArray[Any]) -> bytes:

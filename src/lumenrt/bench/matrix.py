@@ -16,7 +16,6 @@ ratio to it. Writes ``matrix-<stamp>.json`` and every row's load run under ``mat
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from lumenrt.bench.load_cli import run_plan
 from lumenrt.bench.load_inputs import inputs_from_metadata, payload_bytes
 from lumenrt.bench.load_run import LoadPlan
 from lumenrt.bench.load_targets import fetch_model_info
-from lumenrt.bench.results import git_commit, machine_info, utc_stamp
+from lumenrt.bench.results import git_commit, machine_info, utc_stamp, write_json
 from lumenrt.bench.serve_process import start_serve
 
 QUEUE_TYPES = ("mpmc", "spsc", "naive", "batched")
@@ -170,12 +169,6 @@ def format_table(doc: dict[str, Any]) -> str:
 
 def _progress(msg: str) -> None:
     print(f"[matrix] {msg}", file=sys.stderr, flush=True)
-
-
-def _write(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
 
 
 def _measure(
@@ -318,7 +311,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         except (RuntimeError, OSError, ValueError) as exc:  # one failed configuration is a row, not the end
             _progress(f"{config.label}: failed: {exc}")
             doc.setdefault("failed", []).append({"config": config.label, "error": str(exc)[-2000:]})
-        _write(path, doc)  # after every configuration: an interrupted run keeps what it measured
+        write_json(path, doc)  # after every configuration: an interrupted run keeps what it measured
     print(format_table(doc))
     print(f"wrote {path}")
     return 0 if not doc.get("failed") else 1

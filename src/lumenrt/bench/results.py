@@ -97,8 +97,8 @@ def utc_stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def write_result(out_dir: str | Path, name: str, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` as ``out_dir/<name>-<UTC timestamp>.json`` (never overwriting); the path."""
+def new_result_path(out_dir: str | Path, name: str) -> Path:
+    """``out_dir/<name>-<UTC timestamp>.json``, a name not taken yet (the folder is created)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = utc_stamp()
@@ -107,7 +107,18 @@ def write_result(out_dir: str | Path, name: str, payload: dict[str, Any]) -> Pat
     while path.exists():
         path = out / f"{name}-{stamp}-{n}.json"
         n += 1
+    return path
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` atomically (a reader sees the old file or the whole new one)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def write_result(out_dir: str | Path, name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` as ``out_dir/<name>-<UTC timestamp>.json`` (never overwriting); the path."""
+    path = new_result_path(out_dir, name)
+    write_json(path, payload)
     return path
