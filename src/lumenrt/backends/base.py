@@ -50,6 +50,18 @@ class Backend(Protocol):
 
 REGISTRY: dict[str, Backend] = {}
 
+# The bundled backends by name, and the module that registers each. One whose library is not
+# installed (the PyTorch backend without the 'torch' extra) is left out of REGISTRY; asking for it
+# is answered with the extra to install.
+BUNDLED: dict[str, str] = {
+    "onnxruntime": "onnxruntime_backend",
+    "xgboost": "xgboost_backend",
+    "pytorch": "pytorch_backend",
+    "python": "python_backend",
+}
+_unavailable: dict[str, str] = {}  # bundled backend name -> why it could not be imported
+_bundled_loaded = False
+
 
 def register(backend: Backend) -> Backend:
     REGISTRY[backend.name] = backend
@@ -58,20 +70,30 @@ def register(backend: Backend) -> Backend:
 
 def get_backend(name: str, source: str = "<config>") -> Backend:
     _load_builtin_backends()
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(REGISTRY)) or "none"
-        raise ConfigError(source, "backend", f"unknown backend {name!r} (known: {known})") from None
+    backend = REGISTRY.get(name)
+    if backend is not None:
+        return backend
+    if name in _unavailable:
+        raise ConfigError(source, "backend", _unavailable[name])
+    known = ", ".join(sorted(REGISTRY)) or "none"
+    raise ConfigError(source, "backend", f"unknown backend {name!r} (known: {known})")
 
 
 def _load_builtin_backends() -> None:
     """Import the bundled backends once (each registers itself); a missing optional library only
-    removes its backend."""
+    removes its backend, and ``get_backend`` then names the extra that brings it."""
+    global _bundled_loaded
+    if _bundled_loaded:
+        return
     import importlib
 
-    for module in ("onnxruntime_backend", "xgboost_backend", "pytorch_backend", "python_backend"):
+    from lumenrt.extras import MissingExtra, extra_providing
+
+    for name, module in BUNDLED.items():
         try:
             importlib.import_module(f"lumenrt.backends.{module}")
-        except ImportError:
-            continue
+        except ImportError as exc:
+            extra = extra_providing(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
+            why = MissingExtra(extra, (exc.name or extra,)) if extra else f"cannot be loaded: {exc}"
+            _unavailable[name] = f"{name!r} {why}"
+    _bundled_loaded = True  # a race only imports twice: imports and these writes are idempotent

@@ -7,12 +7,13 @@ stdin nor talk to the network.
 """
 
 import argparse
-import importlib.util
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from types import FrameType
+
+from lumenrt.extras import require
 
 APP_PATH = Path(__file__).with_name("app.py")
 _STOP_WAIT_S = 10.0  # after forwarding a stop: Streamlit closes its sessions within a second or two
@@ -79,11 +80,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if importlib.util.find_spec("streamlit") is None or importlib.util.find_spec("plotly") is None:
-        print(
-            "lumenrt dashboard: needs streamlit and plotly: pip install 'lumenrt[dashboard]'", file=sys.stderr
-        )
-        return 2
+    require("dashboard")  # `lumenrt dashboard` checks first; here for callers other than cli.py
     command = streamlit_command(root.resolve(), args.host, args.port, not args.no_browser)
     child = subprocess.Popen(command, process_group=0)
 
