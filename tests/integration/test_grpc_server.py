@@ -4,6 +4,7 @@ typed contents, BYTES), errors and their status codes, statistics, the model rep
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,11 +242,6 @@ def test_timing_parameter_adds_stage_times(client: tgrpc.InferenceServerClient) 
     assert not plain.get_response().parameters
 
 
-def test_timeout_and_deadline_are_accepted(client: tgrpc.InferenceServerClient) -> None:
-    result = client.infer("digits_mlp", [digits_input(rng_rows(1, 64))], timeout=5_000_000, client_timeout=30)
-    assert result.as_numpy("label").shape == (1,)
-
-
 def typed_request(model: str, name: str, datatype: str, shape: list[int]) -> Any:
     request = service_pb2.ModelInferRequest(model_name=model)
     tensor = request.inputs.add()
@@ -347,7 +343,85 @@ def test_a_malformed_parameter_is_rejected(client: tgrpc.InferenceServerClient) 
     x = digits_input(rng_rows(1, 64))
     err = grpc_error(lambda: client.infer("digits_mlp", [x], parameters={"lumenrt_timing": "yes"}))
     assert err.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "lumenrt_timing" in err.message()
+    assert 'parameters.lumenrt_timing: must be a boolean, got "yes"' in err.message()
+
+
+def digits_request() -> Any:
+    request = typed_request("digits_mlp", "input", "FP32", [1, 64])
+    request.raw_input_contents.append(rng_rows(1, 64).tobytes())
+    return request
+
+
+def _set(params: Any, name: str, kind: str, value: Any) -> None:
+    setattr(params[name], kind, value)
+
+
+@pytest.mark.parametrize(
+    ("where", "name", "kind", "value", "fragment"),
+    [
+        ("request", "lumenrt_timing", "string_param", "yes", 'parameters.lumenrt_timing: must be a boolean, got "yes"'),
+        ("request", "lumenrt_timing", "int64_param", 1, "parameters.lumenrt_timing: must be a boolean, got 1"),
+        ("request", "timeout", "int64_param", -1, "parameters.timeout: must be an integer number of microseconds"),
+        ("request", "timeout", "double_param", 1.5, "parameters.timeout: must be an integer number of microseconds"),
+        ("request", "timeout", "bool_param", True, "parameters.timeout:"),
+        ("request", "timeout", "uint64_param", 1 << 40, "in 0..4294967295"),
+        ("request", "priority", "int64_param", -1, "parameters.priority: must be a non-negative integer, got -1"),
+        ("request", "priority", "string_param", "high", "parameters.priority"),
+        ("request", "sequence_id", "int64_param", 7, "parameters.sequence_id: sequence batching is not supported"),
+        ("request", "binary_data_output", "string_param", "true", "parameters.binary_data_output: must be a boolean"),
+        ("input", "binary_data_size", "int64_param", -3, "inputs[0].parameters.binary_data_size: must be a non-negative integer"),
+        ("input", "shared_memory_region", "string_param", "r", "inputs[0].parameters.shared_memory_region: shared memory"),
+        ("output", "binary_data", "string_param", "yes", 'outputs[0].parameters.binary_data: must be a boolean, got "yes"'),
+        ("output", "classification", "int64_param", 3, "outputs[0].parameters.classification: the classification"),
+        ("output", "shared_memory_region", "string_param", "r", "outputs[0].parameters.shared_memory_region"),
+    ],
+    ids=[
+        "timing-string", "timing-int", "timeout-negative", "timeout-double", "timeout-bool", "timeout-over-cap",
+        "priority-negative", "priority-string", "sequence-id", "binary-output-string", "size-negative",
+        "input-shm", "binary-data-string", "classification", "output-shm",
+    ],
+)  # fmt: skip
+def test_bad_parameters_are_invalid_argument_naming_the_parameter(
+    stub: Any, where: str, name: str, kind: str, value: Any, fragment: str
+) -> None:
+    request = digits_request()
+    if where == "request":
+        _set(request.parameters, name, kind, value)
+    elif where == "input":
+        _set(request.inputs[0].parameters, name, kind, value)
+    else:
+        _set(request.outputs.add(name="label").parameters, name, kind, value)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in info.value.details()
+
+
+def test_good_parameters_are_honoured(client: tgrpc.InferenceServerClient, stub: Any) -> None:
+    x = digits_input(rng_rows(1, 64))
+    result = client.infer(
+        "digits_mlp",
+        [x],
+        timeout=5_000_000,
+        priority=1,
+        parameters={"lumenrt_timing": True},
+        client_timeout=30,
+    )
+    assert result.get_response().parameters["lumenrt_batch_size"].int64_param >= 1
+    request = digits_request()
+    _set(request.parameters, "timeout", "uint64_param", 5_000_000)  # either integer kind
+    _set(request.parameters, "sequence_id", "int64_param", 0)  # the default: not a sequence
+    _set(request.parameters, "my_backend_option", "string_param", "anything")  # not ours: passed over
+    _set(
+        request.outputs.add(name="label").parameters, "binary_data", "bool_param", False
+    )  # HTTP's: no effect
+    assert list(stub.ModelInfer(request).outputs[0].shape) == [1]
+
+
+def test_load_parameters_are_refused(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.load_model("digits_mlp", config="{}"))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "load parameters are not supported (config)" in err.message()
 
 
 def test_unserved_rpcs_are_unimplemented(client: tgrpc.InferenceServerClient) -> None:
@@ -578,3 +652,95 @@ def test_shutdown_lets_an_in_flight_request_finish(python_repo: Path) -> None:
             stopper.join(30)
         st.stop()
         eng.close()
+
+
+# ---- deadlines: the client's gRPC deadline and the server-side timeout parameter --------------------
+
+
+def slow_request(value: float) -> Any:
+    request = typed_request("slow", "x", "FP32", [2])
+    request.raw_input_contents.append(np.array([value, -value], dtype=np.float32).tobytes())
+    return request
+
+
+def doubled(response: Any) -> list[float]:
+    values: list[float] = np.frombuffer(response.raw_output_contents[0], dtype="<f4").tolist()
+    return values
+
+
+@pytest.fixture
+def slow_server(python_repo: Path) -> Iterator[tuple[ServerThread, Any]]:
+    """The ``slow`` model (one worker, held on GATE) served over gRPC, and a stub to it."""
+    eng = Engine(python_repo, models=["slow"])
+    try:
+        with (
+            ServerThread(eng, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as st,
+            grpc.insecure_channel(f"127.0.0.1:{st.ports['grpc']}") as channel,
+        ):
+            yield st, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    finally:
+        slow_model_state.GATE.set()
+        eng.close()
+
+
+def wait_idle(st: ServerThread, held: int = 0) -> None:
+    """Until the server holds only ``held`` requests (it lets go of one whose deadline passed)."""
+    deadline = time.monotonic() + 10
+    while st.app.service.in_flight > held:
+        assert time.monotonic() < deadline, "the server still holds the request"
+        threading.Event().wait(0.01)
+
+
+def test_a_client_deadline_that_passes_inside_the_model_is_deadline_exceeded(
+    slow_server: tuple[ServerThread, Any],
+) -> None:
+    st, stub = slow_server
+    gate, entered = slow_model_state.GATE, slow_model_state.ENTERED
+    gate.clear()
+    entered.clear()
+    c = tgrpc.InferenceServerClient(f"127.0.0.1:{st.ports['grpc']}")
+    try:
+        x = digits_input(np.array([1.5, -2.0], dtype=np.float32), "x")
+        err = grpc_error(lambda: c.infer("slow", [x], client_timeout=1.0))
+        assert err.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert entered.is_set()  # it was running in the model when the deadline passed
+        wait_idle(st)  # the server cancelled its side while the model still runs
+        gate.set()
+        # the server stays healthy: the next request is answered, on the same channel too
+        assert doubled(stub.ModelInfer(slow_request(2.0), timeout=30)) == [4.0, -4.0]
+        assert c.is_server_live() and c.is_server_ready()
+        (stats,) = c.get_inference_statistics("slow").model_stats
+        assert (stats.inference_stats.success.count, stats.inference_stats.fail.count) == (1, 1)
+    finally:
+        gate.set()
+        c.close()
+
+
+def test_a_queued_request_past_its_timeout_parameter_is_not_run(
+    slow_server: tuple[ServerThread, Any],
+) -> None:
+    st, stub = slow_server
+    gate, entered = slow_model_state.GATE, slow_model_state.ENTERED
+    gate.clear()
+    entered.clear()
+    try:
+        first = stub.ModelInfer.future(slow_request(1.0), timeout=30)
+        assert entered.wait(10)  # the one worker is held inside the model
+        timed = slow_request(2.0)
+        timed.parameters["timeout"].int64_param = 100_000  # 0.1 s, server side; no client deadline
+        late = stub.ModelInfer.future(timed)
+        queued = stub.ModelInfer.future(slow_request(3.0), timeout=1.0)  # client deadline, in the queue
+        # waiting for the client deadline (1 s) also lets the 0.1 s timeout pass
+        assert queued.exception(30).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_idle(st, held=2)  # the server's side of `queued` is cancelled too: it will not run
+        gate.set()
+        assert doubled(first.result(30)) == [2.0, -2.0]
+        err = late.exception(30)
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "timed out" in err.details() and "not run" in err.details()
+        wait_idle(st)
+        assert doubled(stub.ModelInfer(slow_request(4.0), timeout=30)) == [8.0, -8.0]
+        assert stub.ServerReady(service_pb2.ServerReadyRequest()).ready
+        assert st.app.engine.runtime("slow").statistics()["expired"] == 1  # dropped, never run
+    finally:
+        gate.set()

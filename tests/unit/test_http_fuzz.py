@@ -7,6 +7,7 @@ chunks (the real engine answers the requests that are valid).
 """
 
 import asyncio
+import gzip
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from lumenrt.engine.engine import Engine
 from lumenrt.models.builtin import builtin_examples
 from lumenrt.server.app import new_event_loop
 from lumenrt.server.errors import ServerError
+from lumenrt.server.http_headers import CONTINUE
 from lumenrt.server.http_server import HttpConnection, HttpServer
 from lumenrt.server.service import InferenceService, ServeLimits
 from lumenrt.server.v2_http import parse_infer_request
@@ -140,12 +142,19 @@ def _valid_requests() -> list[bytes]:
             ]
         }
     ).encode()
+    packed = gzip.compress(doc.encode())
     return [
         b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n",
         b"POST /v2/models/digits_mlp/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
         % (len(doc), doc.encode()),
         b"POST /v2/models/digits_mlp/infer HTTP/1.1\r\nInference-Header-Content-Length: %d\r\n"
         b"Content-Length: %d\r\n\r\n%s%s" % (len(header), len(header) + 256, header, x.tobytes()),
+        # the headers that change what a request means: compressed, chunked, Expect, HTTP/1.0
+        b"POST /v2/models/digits_mlp/infer HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n"
+        b"Expect: 100-continue\r\n\r\n%s" % (len(packed), packed),
+        b"POST /v2/models/digits_mlp/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(doc), doc.encode()),
+        b"GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
     ]
 
 
@@ -197,8 +206,55 @@ def test_connection_answers_any_byte_stream_cleanly(
 ) -> None:
     loop, server = loop_and_server
     out = _drive(loop, server, stream, cuts)
-    responses = out.split(b"HTTP/1.1 ")[1:]
-    assert out == b"" or out.startswith(b"HTTP/1.1 ")
-    for r in responses:
-        status = int(r[:3])
-        assert status in (200, 400, 404, 405, 408, 413, 431, 503), r[:200]
+    for status, head in responses(out):
+        assert status in (100, 200, 400, 404, 405, 408, 413, 415, 417, 431, 501, 503, 505), head
+
+
+def responses(out: bytes) -> Iterator[tuple[int, bytes]]:
+    """(status, head) of each response in ``out``, which must hold whole responses only."""
+    at = 0
+    while at < len(out):
+        end = out.index(b"\r\n\r\n", at) + 4
+        head = out[at:end]
+        assert head.startswith(b"HTTP/1.1 "), out[at : at + 200]
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        yield int(head[9:12]), head
+        at = end + length
+
+
+def test_100_continue_waits_for_the_answers_owed_before_it(
+    loop_and_server: tuple[asyncio.AbstractEventLoop, HttpServer],
+) -> None:
+    loop, server = loop_and_server
+    first = VALID[1]  # an infer: answered by the engine, after data_received returns
+    body = VALID[1].partition(b"\r\n\r\n")[2]
+    expect = (
+        b"POST /v2/models/digits_mlp/infer HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+    )
+
+    async def run() -> tuple[bytes, bytes]:
+        conn = HttpConnection(server)
+        transport = MockTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(first + expect % len(body))
+        assert conn._busy and b"100 Continue" not in transport.out  # owed: the first answer comes first
+        for _ in range(400):
+            if b"100 Continue" in transport.out:
+                break
+            await asyncio.sleep(0.005)
+        before = bytes(transport.out)
+        conn.data_received(body)
+        for _ in range(400):
+            if not conn._busy and not conn._queue:
+                break
+            await asyncio.sleep(0.005)
+        conn.connection_lost(None)
+        return before, bytes(transport.out)
+
+    before, after = loop.run_until_complete(run())
+    assert before.startswith(b"HTTP/1.1 200 ") and before.endswith(CONTINUE)  # after the first answer
+    assert after.count(b"HTTP/1.1 200 ") == 2 and after.count(CONTINUE) == 1

@@ -42,7 +42,14 @@ from google.protobuf import json_format
 from lumenrt.engine import dtypes
 from lumenrt.engine.request import Array
 from lumenrt.server.errors import GRPC_CODES, ServerError, as_server_error, bad_request
-from lumenrt.server.service import TIMING_PARAMETER, InferenceService, WireInput
+from lumenrt.server.parameters import (
+    grpc_values,
+    input_parameters,
+    output_parameters,
+    refuse_load_parameters,
+    request_parameters,
+)
+from lumenrt.server.service import InferenceService, WireInput
 from lumenrt.server.tensors import check_datatype, check_shape, from_raw, to_raw
 
 try:
@@ -85,16 +92,6 @@ def _as_dict(message: Any, value: dict[str, Any]) -> Any:
 
 
 # ---- ModelInfer codecs ----------------------------------------------------------------------------
-
-
-def _param(params: Any, key: str, kind: str, where: str) -> Any:
-    """The value of parameter ``key`` (None when absent), which must be of oneof member ``kind``."""
-    if key not in params:
-        return None
-    p = params[key]
-    if p.WhichOneof("parameter_choice") != kind:
-        raise bad_request(f"{where} {key!r} must be a {kind}")
-    return getattr(p, kind)
 
 
 def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...], where: str) -> Array:
@@ -144,10 +141,8 @@ def _decode_inputs(request: Any, max_elements: int, model: str) -> list[WireInpu
         where = f"model {model!r}: input {name!r}"
         datatype = check_datatype(tensor.datatype, f"{where}: datatype")
         shape = check_shape(tuple(tensor.shape), f"{where}: shape", max_elements)
-        if tensor.parameters and "shared_memory_region" in tensor.parameters:
-            raise bad_request(
-                f"{where}: shared memory inputs are not supported; send the data in the request"
-            )
+        if tensor.parameters:  # binary_data_size is HTTP's: checked, and without effect here
+            input_parameters(grpc_values(tensor.parameters), f"{where}: inputs[{i}].parameters")
         if raw:
             if tensor.HasField("contents"):
                 raise bad_request(f"{where}: has contents, but the request sends raw_input_contents")
@@ -162,11 +157,10 @@ def _requested_outputs(request: Any, model: str) -> list[str] | None:
     if not request.outputs:
         return None
     names: list[str] = []
-    for out in request.outputs:
-        if out.parameters:
-            for key in ("classification", "shared_memory_region"):
-                if key in out.parameters:
-                    raise bad_request(f"model {model!r}: output {out.name!r}: {key} is not supported")
+    for i, out in enumerate(request.outputs):
+        if out.parameters:  # binary_data is HTTP's: checked, and without effect (gRPC answers raw)
+            where = f"model {model!r}: output {out.name!r}: outputs[{i}].parameters"
+            output_parameters(grpc_values(out.parameters), where)
         names.append(out.name)
     return names
 
@@ -230,11 +224,7 @@ class GrpcServicer:
 
     async def repository_model_load(self, request: Any, context: Any) -> Any:
         name = request.model_name
-        if request.parameters:
-            raise bad_request(
-                f"model {name!r}: load parameters are not supported ({', '.join(sorted(request.parameters))}); "
-                "the model's config and files come from the repository"
-            )
+        refuse_load_parameters(request.parameters, name)
         await asyncio.get_running_loop().run_in_executor(None, self.service.load, name)
         return pb.RepositoryModelLoadResponse()
 
@@ -251,23 +241,13 @@ class GrpcServicer:
         model = rt.config.name
         arrays = service.check_inputs(rt, _decode_inputs(request, self.limits.max_elements, model))
         outputs = service.check_outputs(rt, _requested_outputs(request, model))
-        timeout_s: float | None = None
-        timing = False
-        params = request.parameters
-        if params:
-            timeout_us = _param(params, "timeout", "int64_param", "parameter")
-            if timeout_us is not None:
-                if timeout_us < 0:
-                    raise bad_request(
-                        f"parameter 'timeout' must be a non-negative integer (us), got {timeout_us}"
-                    )
-                timeout_s = timeout_us / 1e6 if timeout_us else None
-            timing = bool(_param(params, TIMING_PARAMETER, "bool_param", "parameter"))
+        params = request_parameters(grpc_values(request.parameters))
+        timeout_s = params.timeout_s
         remaining_s = context.time_remaining()  # the client's gRPC deadline, if it set one
         if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
             timeout_s = max(remaining_s, 0.0)
         outcome = await service.infer(
-            rt, arrays, outputs, timeout_s=timeout_s, timing=timing, received_ns=received_ns
+            rt, arrays, outputs, timeout_s=timeout_s, timing=params.timing, received_ns=received_ns
         )
         response = pb.ModelInferResponse(
             model_name=outcome.model, model_version=str(outcome.version), id=request.id

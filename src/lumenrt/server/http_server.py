@@ -15,7 +15,13 @@ Connection invariants
     ``_queue`` holds parsed requests, at most one is being handled at a time; reading pauses
     while ``MAX_PIPELINED`` wait.
   - A body is never buffered beyond ``limits.max_body_bytes``: Content-Length is checked when
-    the headers are complete (before any body byte is kept), chunked bodies as they arrive.
+    the headers are complete (before any body byte is kept), chunked bodies as they arrive, and a
+    gzip/deflate body's decoded size as it is decoded (``http_headers`` says how each header that
+    changes the meaning of a request is honoured or refused).
+  - A body that arrived whole but cannot be decoded is answered in its turn (``HttpRequest.error``)
+    and the connection goes on; a request whose framing cannot be trusted is answered and closed.
+  - ``100 Continue`` is written only when no answer is still owed on the connection (else when
+    the last one is written), and never once the body has begun to arrive.
   - One sweeper task per server closes connections whose request has been arriving for longer
     than ``limits.receive_timeout_s`` (408) or that sat idle for ``limits.idle_timeout_s``: no
     timer per request.
@@ -35,6 +41,8 @@ from urllib.parse import unquote
 import httptools
 
 from lumenrt.server.errors import REASONS, ServerError, as_server_error, bad_request, not_found
+from lumenrt.server.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
+from lumenrt.server.parameters import check_bool, refuse_load_parameters
 from lumenrt.server.service import InferenceService
 from lumenrt.server.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
 
@@ -42,6 +50,7 @@ MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading p
 HEADER_LENGTH = b"inference-header-content-length"
 _JSON = b"application/json"
 _OCTETS = b"application/octet-stream"
+_REASONS = {**REASONS, 417: "Expectation Failed", 501: "Not Implemented", 505: "HTTP Version Not Supported"}
 
 
 @dataclass(slots=True)
@@ -52,6 +61,8 @@ class HttpRequest:
     body: bytes
     keep_alive: bool
     received_ns: int
+    http_10: bool = False  # an HTTP/1.0 request: a kept-alive answer must say so
+    error: ServerError | None = None  # its body could not be decoded: answered with this
 
 
 @dataclass(slots=True)
@@ -63,7 +74,8 @@ class Response:
 
 
 def error_response(err: ServerError) -> Response:
-    return Response(err.status, json.dumps({"error": err.message}).encode())
+    headers = list(err.headers) if isinstance(err, HttpError) else []
+    return Response(err.status, json.dumps({"error": err.message}).encode(), extra_headers=headers)
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
@@ -132,6 +144,11 @@ class HttpConnection(asyncio.Protocol):
         self._header_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
+        self._headers_done = False  # header fields from here on are trailers (dropped)
+        self._http_10 = False
+        self._decoder: ContentDecoder | None = None
+        self._body_error: ServerError | None = None
+        self._continue_owed = False  # Expect: 100-continue waits for the answers owed before it
         self._started = 0.0  # monotonic s when the current message began; 0 = between messages
         self._last_active = time.monotonic()
 
@@ -151,17 +168,26 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_active = time.monotonic()
-        try:
-            self.parser.feed_data(data)
-        except ServerError as err:
-            self._fail(err)
-        except httptools.HttpParserCallbackError as exc:  # a callback below raised (a limit)
-            cause = exc.__context__
-            self._fail(cause if isinstance(cause, ServerError) else as_server_error(exc))
-        except httptools.HttpParserUpgrade:
-            self._fail(ServerError(400, "protocol upgrade is not supported"))
-        except httptools.HttpParserError as exc:
-            self._fail(bad_request(f"malformed HTTP request: {exc}"))
+        while data:
+            try:
+                self.parser.feed_data(data)
+                return
+            except ServerError as err:
+                self._fail(err)
+            except httptools.HttpParserCallbackError as exc:  # a callback below raised (a limit)
+                cause = exc.__context__
+                self._fail(cause if isinstance(cause, ServerError) else as_server_error(exc))
+            except httptools.HttpParserUpgrade as exc:
+                # Upgrade is ignored (http_headers): the request was parsed whole and is answered
+                # over HTTP/1.1; llhttp stopped after it, so parsing goes on from there.
+                offset = int(exc.args[0]) if exc.args else 0
+                if offset > 0:
+                    data = data[offset:]
+                    continue
+                self._fail(bad_request("malformed HTTP request: protocol upgrade at no offset"))
+            except httptools.HttpParserError as exc:
+                self._fail(parser_error(str(exc)))
+            return
 
     def _fail(self, err: ServerError) -> None:
         """A request that cannot be parsed (or is over a limit): answer it, then close, since the
@@ -192,6 +218,9 @@ class HttpConnection(asyncio.Protocol):
         self._header_bytes = 0
         self._body = []
         self._body_bytes = 0
+        self._headers_done = False
+        self._decoder = None
+        self._body_error = None
         self._started = time.monotonic()
 
     def on_url(self, url: bytes) -> None:
@@ -204,24 +233,52 @@ class HttpConnection(asyncio.Protocol):
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > self.limits.max_header_bytes:
             raise ServerError(431, f"request line and headers over {self.limits.max_header_bytes} bytes")
-        self._headers[name.lower()] = value
+        if self._headers_done:
+            return  # a trailer field (after a chunked body): counted above, never merged
+        key = name.lower()
+        seen = self._headers.get(key)
+        # a repeated field is one comma-separated list (RFC 9110 §5.3), so that a second
+        # Transfer-Encoding or Content-Encoding line cannot slip past the checks
+        self._headers[key] = value if seen is None else seen + b", " + value
 
     def on_headers_complete(self) -> None:
-        length = self._headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
-            raise ServerError(
-                413, f"body of {int(length)} bytes is over the limit of {self.limits.max_body_bytes} bytes"
-            )
+        self._headers_done = True
+        version = self.parser.get_http_version()
+        self._http_10 = version == "1.0"
+        plan = check_head(version, self.parser.get_method(), self._headers, self.limits.max_body_bytes)
+        self._decoder = plan.decoder
+        if plan.send_continue:
+            if self._busy or self._queue:
+                self._continue_owed = True  # written by _next once the answers before it are
+            else:
+                self._write_continue()
 
     def on_body(self, body: bytes) -> None:
+        self._continue_owed = False  # the client did not wait for it
         self._body_bytes += len(body)
         if self._body_bytes > self.limits.max_body_bytes:
             raise ServerError(413, f"body is over the limit of {self.limits.max_body_bytes} bytes")
-        self._body.append(body)
+        if self._body_error is not None:
+            return  # the rest of a body that failed to decode: read and dropped
+        if self._decoder is None:
+            self._body.append(body)
+            return
+        try:
+            self._decoder.feed(body)
+        except ServerError as err:
+            self._body_error, self._decoder = err, None
 
     def on_message_complete(self) -> None:
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._continue_owed = False  # the body is here (or there was none)
+        if self._decoder is not None and self._body_error is None:
+            try:
+                body = self._decoder.finish()
+            except ServerError as err:
+                self._body_error, body = err, b""
+        else:
+            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
+        self._decoder = None
         self._started = 0.0
         req = HttpRequest(
             self.parser.get_method(),
@@ -230,6 +287,8 @@ class HttpConnection(asyncio.Protocol):
             body,
             self.parser.should_keep_alive(),
             time.monotonic_ns(),
+            self._http_10,
+            self._body_error,
         )
         self._queue.append(req)
         if len(self._queue) >= MAX_PIPELINED and not self._paused and self.transport is not None:
@@ -245,16 +304,19 @@ class HttpConnection(asyncio.Protocol):
         while self._queue and not self._closing:
             req = self._queue.popleft()
             try:
-                result = route(self.service, req)
+                result = error_response(req.error) if req.error is not None else route(self.service, req)
             except Exception as exc:
                 result = error_response(as_server_error(exc))
             if isinstance(result, Response):
-                self._write(result, req.keep_alive)
+                self._write(result, req.keep_alive, req.http_10)
                 continue
             self._busy = True
             task = self.loop.create_task(result)
             task.add_done_callback(lambda t, r=req: self._finished(t, r))  # type: ignore[misc]
             return
+        if self._continue_owed:
+            self._continue_owed = False
+            self._write_continue()
         if self._paused and self.transport is not None and not self._closing:
             self._paused = False
             self.transport.resume_reading()
@@ -266,10 +328,14 @@ class HttpConnection(asyncio.Protocol):
         else:
             exc = task.exception()
             response = error_response(as_server_error(exc)) if exc is not None else task.result()
-        self._write(response, req.keep_alive)
+        self._write(response, req.keep_alive, req.http_10)
         self._next()
 
-    def _write(self, response: Response, keep_alive: bool) -> None:
+    def _write_continue(self) -> None:
+        if not self._closing and self.transport is not None:
+            self.transport.write(CONTINUE)
+
+    def _write(self, response: Response, keep_alive: bool, http_10: bool = False) -> None:
         if self._closing or self.transport is None:
             return
         body = response.body
@@ -281,7 +347,7 @@ class HttpConnection(asyncio.Protocol):
             b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
             % (
                 response.status,
-                REASONS.get(response.status, "Unknown").encode(),
+                _REASONS.get(response.status, "Unknown").encode(),
                 response.content_type,
                 length,
             )
@@ -290,6 +356,8 @@ class HttpConnection(asyncio.Protocol):
             head.append(b"%s: %s\r\n" % (name, value))
         if not keep_alive:
             head.append(b"connection: close\r\n")
+        elif http_10:
+            head.append(b"connection: keep-alive\r\n")
         head.append(b"\r\n")
         if isinstance(body, list):
             self.transport.writelines([b"".join(head), *body])
@@ -362,13 +430,15 @@ def _method(ok: bool, req: HttpRequest, allowed: str) -> None:
 def _repository(service: InferenceService, req: HttpRequest, rest: list[str], post: bool) -> Any:
     _method(post, req, "POST")
     if rest == ["index"]:
-        ready_only = False
-        if req.body:
-            doc = _json_body(req.body)
-            ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
-        return json_response(service.repository_index(ready_only))
+        ready = _json_object(req.body).get("ready")
+        return json_response(service.repository_index(ready is not None and check_bool(ready, "ready")))
     if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
         name, action = rest[1], rest[2]
+        if action == "load":
+            params = _json_object(req.body).get("parameters")
+            if params is not None and not isinstance(params, dict):
+                raise bad_request(f"parameters must be a JSON object, got {type(params).__name__}")
+            refuse_load_parameters(params or {}, name)
         fn = service.load if action == "load" else service.unload
 
         async def run() -> Response:
@@ -379,11 +449,17 @@ def _repository(service: InferenceService, req: HttpRequest, rest: list[str], po
     raise not_found(f"no route for {req.path!r}")
 
 
-def _json_body(body: bytes) -> Any:
+def _json_object(body: bytes) -> dict[str, Any]:
+    """An optional JSON object body (empty: {})."""
+    if not body:
+        return {}
     try:
-        return json.loads(body)
+        doc = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise bad_request(f"request body must be a JSON object, got {type(doc).__name__}")
+    return doc
 
 
 def _infer(service: InferenceService, req: HttpRequest, name: str, version: str | None) -> Any:

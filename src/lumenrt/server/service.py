@@ -22,6 +22,7 @@ from lumenrt import __version__
 from lumenrt.engine.engine import Engine, InferResult
 from lumenrt.engine.request import Array, StageTimes
 from lumenrt.server.errors import ServerError, as_server_error, bad_request, not_found, unavailable
+from lumenrt.server.parameters import TIMING_PARAMETER as TIMING_PARAMETER  # re-exported
 
 SERVER_NAME = "lumenrt"
 EXTENSIONS = (
@@ -38,7 +39,6 @@ PLATFORMS = {
     "xgboost": "xgboost",
     "python": "python",
 }
-TIMING_PARAMETER = "lumenrt_timing"  # request parameter: true -> response carries server stage times
 
 
 @dataclass(frozen=True, slots=True)

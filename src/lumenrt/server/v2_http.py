@@ -25,7 +25,8 @@ from typing import Any
 from lumenrt.engine import dtypes
 from lumenrt.engine.config import ModelConfig
 from lumenrt.server.errors import bad_request
-from lumenrt.server.service import TIMING_PARAMETER, InferOutcome, WireInput
+from lumenrt.server.parameters import input_parameters, output_parameters, request_parameters
+from lumenrt.server.service import InferOutcome, WireInput
 from lumenrt.server.tensors import check_datatype, check_shape, from_json, from_raw, to_json_data, to_raw
 
 MAX_INPUTS = 1024  # tensors in one request (guessed ample; bounds the per-input work)
@@ -50,20 +51,9 @@ def _obj(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _param_bool(params: dict[str, Any], key: str, where: str) -> bool:
-    value = params.get(key, False)
-    if not isinstance(value, bool):
-        raise bad_request(f"{where}.{key} must be true or false, got {value!r}")
-    return value
-
-
-def _param_int(params: dict[str, Any], key: str, where: str) -> int | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise bad_request(f"{where}.{key} must be a non-negative integer, got {value!r}")
-    return value
+def _params(value: Any, where: str) -> dict[str, Any]:
+    """A ``parameters`` object; absent or null is empty, anything else must be an object."""
+    return {} if value is None else _obj(value, where)
 
 
 def parse_infer_request(body: bytes, header_length: int | None, max_elements: int) -> ParsedInfer:
@@ -80,16 +70,16 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     doc = _obj(doc, "request")
-    params = _obj(doc.get("parameters") or {}, "parameters")
+    params = _params(doc.get("parameters"), "parameters")
     out = ParsedInfer(inputs=[])
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise bad_request(f"id must be a string, got {rid!r}")
     out.request_id = rid
-    out.binary_output = _param_bool(params, "binary_data_output", "parameters")
-    out.timing = _param_bool(params, TIMING_PARAMETER, "parameters")
-    timeout_us = _param_int(params, "timeout", "parameters")
-    out.timeout_s = timeout_us / 1e6 if timeout_us else None
+    checked = request_parameters(params)
+    out.binary_output = checked.binary_data_output
+    out.timing = checked.timing
+    out.timeout_s = checked.timeout_s
 
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
@@ -106,8 +96,8 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
         where = f"inputs[{i}] ({name!r})"
         datatype = check_datatype(entry.get("datatype"), f"{where}.datatype")
         shape = check_shape(entry.get("shape"), f"{where}.shape", max_elements)
-        iparams = _obj(entry.get("parameters") or {}, f"{where}.parameters")
-        size = _param_int(iparams, "binary_data_size", f"{where}.parameters")
+        iparams = _params(entry.get("parameters"), f"inputs[{i}].parameters")
+        size = input_parameters(iparams, f"inputs[{i}].parameters")
         if size is not None:
             if "data" in entry:
                 raise bad_request(f"{where}: has both data and parameters.binary_data_size")
@@ -134,11 +124,8 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
             name = entry.get("name")
             if not isinstance(name, str) or not name:
                 raise bad_request(f"outputs[{i}].name must be a non-empty string")
-            oparams = _obj(entry.get("parameters") or {}, f"outputs[{i}].parameters")
-            binary = oparams.get("binary_data")
-            if binary is not None and not isinstance(binary, bool):
-                raise bad_request(f"outputs[{i}].parameters.binary_data must be true or false")
-            out.outputs[name] = binary
+            oparams = _params(entry.get("parameters"), f"outputs[{i}].parameters")
+            out.outputs[name] = output_parameters(oparams, f"outputs[{i}].parameters")
     return out
 
 

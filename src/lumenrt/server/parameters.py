@@ -1,0 +1,149 @@
+"""Request parameters the server gives meaning to, checked in one place for HTTP and gRPC.
+
+Each front end hands its parameters over as plain Python values (HTTP: the JSON values; gRPC: the
+set member of each ``InferParameter`` oneof, see :func:`grpc_values`) and gets typed values back,
+or a 400 (gRPC: INVALID_ARGUMENT) whose message names the parameter by its path:
+``parameters.lumenrt_timing: must be a boolean, got "yes"``. A JSON ``null`` counts as absent.
+
+The parameters that mean something here:
+
+  where        name                  type, range                      meaning
+  request      timeout               int µs, 0..MAX_TIMEOUT_US        engine deadline (0: none)
+  request      lumenrt_timing        bool                             stage times in the answer
+  request      binary_data_output    bool (HTTP)                      unlisted outputs as binary
+  request      priority              int >= 0                         accepted, no effect (below)
+  request      sequence_id/_start/_end  refused unless at default     no sequence batching here
+  input        binary_data_size      int >= 0 (HTTP)                  bytes of this input's data
+  input        shared_memory_*       refused                          no shared-memory extension
+  output       binary_data           bool (HTTP)                      this output as binary
+  output       classification        refused                          no classification extension
+  output       shared_memory_*       refused                          no shared-memory extension
+
+Other names are passed over, as Triton's core passes over what it does not know (they are meant
+for a backend). ``priority`` is checked and then has no effect: the batcher has one priority level,
+which is what Triton does for a model configured without ``priority_levels``. The TCP protocol
+carries its timeout as a u32 of µs and its timing as a header flag, so its wire format already
+holds them to the same types and range (``MAX_TIMEOUT_US`` is that field's maximum).
+"""
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lumenrt.server.errors import bad_request
+
+TIMING_PARAMETER = "lumenrt_timing"  # request parameter: true -> response carries server stage times
+# The TCP protocol's u32 timeout field holds at most this (about 71.6 min): one cap for every front end.
+MAX_TIMEOUT_US = (1 << 32) - 1
+_SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+_SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestParameters:
+    """The request-level parameters, checked."""
+
+    timeout_s: float | None = None  # None: no deadline
+    timing: bool = False
+    binary_data_output: bool = False
+
+
+def _shown(value: Any) -> str:
+    """``value`` as the client wrote it (JSON: strings in double quotes)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def check_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise bad_request(f"{where}: must be a boolean, got {_shown(value)}")
+    return value
+
+
+def check_count(value: Any, where: str) -> int:
+    """A non-negative integer (a bool is not one, nor is 3.0)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_request(f"{where}: must be a non-negative integer, got {_shown(value)}")
+    return value
+
+
+def check_timeout_us(value: Any, where: str) -> float | None:
+    """A timeout in integer µs as Triton takes it (0: none) -> seconds, or None for no deadline."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIMEOUT_US:
+        raise bad_request(
+            f"{where}: must be an integer number of microseconds in 0..{MAX_TIMEOUT_US} "
+            f"(0: no timeout), got {_shown(value)}"
+        )
+    return value / 1e6 if value else None
+
+
+def _refuse(params: Mapping[str, Any], names: Iterable[str], where: str, why: str) -> None:
+    for name in names:
+        if params.get(name) is not None:
+            raise bad_request(f"{where}.{name}: {why}")
+
+
+def request_parameters(params: Mapping[str, Any], where: str = "parameters") -> RequestParameters:
+    """The request-level ``parameters`` object."""
+    if not params:
+        return RequestParameters()
+    timeout = params.get("timeout")
+    timing = params.get(TIMING_PARAMETER)
+    binary = params.get("binary_data_output")
+    priority = params.get("priority")
+    if priority is not None:
+        check_count(priority, f"{where}.priority")
+    for name in _SEQUENCE:
+        value = params.get(name)
+        if value is not None and value not in (0, False, ""):  # the defaults tritonclient may send
+            raise bad_request(
+                f"{where}.{name}: sequence batching is not supported (stateless models only), "
+                f"got {_shown(value)}"
+            )
+    return RequestParameters(
+        timeout_s=None if timeout is None else check_timeout_us(timeout, f"{where}.timeout"),
+        timing=False if timing is None else check_bool(timing, f"{where}.{TIMING_PARAMETER}"),
+        binary_data_output=False if binary is None else check_bool(binary, f"{where}.binary_data_output"),
+    )
+
+
+def input_parameters(params: Mapping[str, Any], where: str) -> int | None:
+    """An input's ``parameters``: its ``binary_data_size`` (None: the data is not binary)."""
+    if not params:
+        return None
+    _refuse(params, _SHARED_MEMORY, where, "shared memory is not supported; send the data in the request")
+    size = params.get("binary_data_size")
+    return None if size is None else check_count(size, f"{where}.binary_data_size")
+
+
+def output_parameters(params: Mapping[str, Any], where: str) -> bool | None:
+    """A requested output's ``parameters``: its ``binary_data`` (None: not said)."""
+    if not params:
+        return None
+    _refuse(params, _SHARED_MEMORY, where, "shared memory is not supported; the output comes in the answer")
+    _refuse(params, ("classification",), where, "the classification extension is not supported")
+    binary = params.get("binary_data")
+    return None if binary is None else check_bool(binary, f"{where}.binary_data")
+
+
+def refuse_load_parameters(names: Iterable[str], model: str) -> None:
+    """Repository load parameters (a config or files sent with the request) are not supported."""
+    given = sorted(names)
+    if given:
+        raise bad_request(
+            f"model {model!r}: load parameters are not supported ({', '.join(given)}); "
+            "the model's config and files come from the repository"
+        )
+
+
+def grpc_values(params: Mapping[str, Any]) -> dict[str, Any]:
+    """gRPC ``map<string, InferParameter>`` -> name -> the value of its set oneof member (None if
+    unset), so that gRPC parameters go through the same checks as JSON ones."""
+    out: dict[str, Any] = {}
+    for name, param in params.items():
+        kind = param.WhichOneof("parameter_choice")
+        out[name] = None if kind is None else getattr(param, kind)
+    return out
