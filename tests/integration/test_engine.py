@@ -55,12 +55,12 @@ def write_add_model(root: Path) -> None:
     )
 
 
-def write_py_model(root: Path, max_queue: int = 8) -> None:
+def write_py_model(root: Path, max_queue: int = 8, max_queue_delay_us: int = 0) -> None:
     (root / "slow" / "1").mkdir(parents=True)
     (root / "slow" / "1" / "model.py").write_text(PY_MODEL)
     (root / "slow" / "config.yaml").write_text(
         "backend: python\nmax_batch_size: 4\n"
-        f"dynamic_batching:\n  max_queue_delay_us: 0\n  max_queue_size: {max_queue}\n"
+        f"dynamic_batching:\n  max_queue_delay_us: {max_queue_delay_us}\n  max_queue_size: {max_queue}\n"
         "input:\n  - {name: x, datatype: FP32, dims: [2]}\n"
         "output:\n  - {name: y, datatype: FP32, dims: [2]}\n"
         "instance_group: {count: 1}\n"
@@ -103,7 +103,7 @@ def test_outputs_equal_calling_the_model_directly(engine: Engine) -> None:
         <= t.compute_end_ns
         <= t.completed_ns
     )
-    assert t.batch_size >= 3
+    assert t.batch_size == 3  # alone: nothing else was in flight
 
 
 def test_each_request_gets_its_own_rows_under_concurrency(engine: Engine) -> None:
@@ -125,8 +125,36 @@ def test_each_request_gets_its_own_rows_under_concurrency(engine: Engine) -> Non
     assert errors == []
     stats = engine.statistics("add")[0]
     assert stats["requests"] == 300
-    assert stats["batches"] <= 300  # some requests shared a batch...
-    assert max(stats["batch_rows"]) <= 8  # ...never beyond max_batch_size
+    sent_rows = sum(1 + (c + i) % 3 for c in range(6) for i in range(50))
+    assert sum(rows * n for rows, n in stats["batch_rows"].items()) == sent_rows  # each row ran once
+    assert sum(stats["batch_rows"].values()) == stats["batches"]
+    assert max(stats["batch_rows"]) <= 8  # never beyond max_batch_size
+
+
+def test_requests_queued_behind_a_busy_worker_are_batched(engine: Engine) -> None:
+    """The one worker is held inside the model by its first request while eight more queue up:
+    they run as two full batches of max_batch_size 4, not one by one."""
+    gate, calls = slow_model_state.GATE, slow_model_state.CALLS
+    gate.clear()
+    calls.clear()
+    slow_model_state.ENTERED.clear()
+    rt = engine.runtime("slow")
+    x = np.ones((1, 2), np.float32)
+    try:
+        first = rt.submit({"x": x})
+        assert slow_model_state.ENTERED.wait(10)  # the worker is inside the model
+        queued = [rt.submit({"x": x * (i + 2)}) for i in range(8)]  # 8 = max_queue_size
+    finally:
+        gate.set()
+    for i, req in enumerate([first, *queued]):
+        assert rt.table.latches.wait(req.index, timeout_s=30)
+        assert req.error is None and req.outputs is not None
+        np.testing.assert_allclose(req.outputs["y"], x * (i + 1) * 2)
+        rt.release(req)
+    assert calls == [1, 4, 4]
+    stats = engine.statistics("slow")[0]
+    assert stats["requests"] == 9 and stats["batches"] == 3
+    assert stats["batch_rows"] == {1: 1, 4: 2}
 
 
 def test_async_api_and_batching(engine: Engine) -> None:
@@ -139,7 +167,29 @@ def test_async_api_and_batching(engine: Engine) -> None:
     for i, y in enumerate(ys):
         assert np.all(y == i + 1)
     stats = engine.statistics("add")[0]
+    assert stats["requests"] == 64 and sum(rows * n for rows, n in stats["batch_rows"].items()) == 64
     assert stats["batches"] < 64  # gathered while workers were busy
+
+
+def test_requests_queued_when_the_engine_closes_still_run(tmp_path: Path) -> None:
+    write_py_model(tmp_path, max_queue_delay_us=1000)
+    gate, calls = slow_model_state.GATE, slow_model_state.CALLS
+    gate.clear()
+    calls.clear()
+    slow_model_state.ENTERED.clear()
+    x = np.ones((1, 2), np.float32)
+    eng = Engine(tmp_path, EngineConfig(thread_count=1), models=["slow"])
+    rt = eng.runtime("slow")
+    try:
+        first = rt.submit({"x": x})
+        assert slow_model_state.ENTERED.wait(10)  # the worker is inside the model
+        queued = [rt.submit({"x": x}) for _ in range(2)]
+        rt.ring.close()  # shutdown step 1 (what Engine.close does first): nothing new gets in
+    finally:
+        gate.set()
+    eng.close()  # joins the worker, which drained the ring first
+    assert [rt.table.latches.is_set(r.index) for r in [first, *queued]] == [True] * 3
+    assert calls == [1, 2]
 
 
 def test_bad_input_is_refused_naming_the_problem(engine: Engine) -> None:

@@ -1,5 +1,6 @@
 """Process mode: worker processes over shared memory, real ONNX Runtime; a SIGKILLed worker fails
-exactly what it held, is replaced, and the model is ready again; nothing left in /dev/shm."""
+exactly what it held, is replaced, and the model is ready again; the shared memory is unnamed
+(nothing in /dev/shm at any time)."""
 
 import os
 import signal
@@ -13,7 +14,7 @@ import pytest
 
 from lumenrt.engine.engine import Engine, EngineConfig
 from lumenrt.engine.request import InvalidInput, WorkerDied
-from lumenrt.native import leftover_segments
+from lumenrt.native import SHM_PREFIX, leftover_segments
 from tests.integration.test_engine import write_add_model
 
 SLOW_PY = """
@@ -46,11 +47,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["mpmc", "naive"])
 def engine(request: pytest.FixtureRequest, repo: Path) -> Iterator[Engine]:
     eng = Engine(repo, EngineConfig(worker_mode="process", thread_count=2, queue_type=request.param))
-    segments = [n for n in leftover_segments() if ".model-" in n]
-    assert len(segments) == 2  # one per model
-    yield eng
-    eng.close()
-    assert not [n for n in leftover_segments() if n in segments], "shared memory left behind"
+    mine = f"{SHM_PREFIX}{os.getpid()}."
+    try:
+        assert not leftover_segments(mine), "process mode must share unnamed memory, not /dev/shm"
+        maps = Path(f"/proc/{os.getpid()}/maps").read_text()
+        assert maps.count("/memfd:lumenrt.model-") >= 2, "one memfd mapping per model"
+        yield eng
+    finally:
+        eng.close()
 
 
 def test_outputs_equal_thread_mode_and_batches_form(engine: Engine, repo: Path) -> None:
@@ -112,10 +116,16 @@ def test_killed_worker_fails_its_requests_is_replaced_and_ready_again(engine: En
     ok = [o for o in outcomes if not isinstance(o, Exception)]
     assert len(died) == 1 and len(ok) == 1, outcomes  # exactly the killed worker's request failed
     assert "died" in str(died[0])
+    # not ready from the death until the replacement has loaded (a replacement that cannot load
+    # keeps it not ready: test_engine_faults.py::test_failed_replacement_is_retried...)
+    assert rt.statistics()["worker_deaths"] == 1
+    samples = []
     deadline = time.monotonic() + 60
-    while not engine.ready("sleepy"):  # replaced; not ready meanwhile
+    while not engine.ready("sleepy"):
+        samples.append(rt.statistics()["pids"][0])
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    assert samples, "ready again before the replacement could have loaded"
     new_pids = rt.statistics()["pids"]
     assert new_pids[0] != pids[0] and new_pids[1] == pids[1]
     assert rt.statistics()["worker_deaths"] == 1

@@ -24,7 +24,7 @@ def test_defaults_use_every_usable_core() -> None:
     assert (config.queue_type, config.allocator_type, config.worker_mode) == ("mpmc", "lumen_arena", "thread")
     assert config.cores == USABLE
     assert config.thread_count == len(USABLE)
-    assert config.batch_size == 1
+    assert config.batch_size == 0  # no cap
     assert config.pin is True
     assert (config.arena_slot_bytes, config.arena_slots) == (DEFAULT_ARENA_SLOT_BYTES, DEFAULT_ARENA_SLOTS)
 
@@ -52,7 +52,7 @@ def test_yaml_config_with_every_key(tmp_path: Path) -> None:
   allocator_type: standard
   thread_count: 3
   batch_size: 16
-  worker_mode: process
+  worker_mode: thread
   pin: false
   cores: [{USABLE[0]}]
   arena_slot_bytes: 4096
@@ -64,7 +64,7 @@ def test_yaml_config_with_every_key(tmp_path: Path) -> None:
         allocator_type="standard",
         thread_count=3,
         batch_size=16,
-        worker_mode="process",
+        worker_mode="thread",
         pin=False,
         cores=(USABLE[0],),
         arena_slot_bytes=4096,
@@ -117,7 +117,12 @@ BROKEN = [
     ('{"engine": {"allocator_type": "malloc"}}', "engine.allocator_type", "got 'malloc'"),
     ('{"engine": {"thread_count": -1}}', "engine.thread_count", "must be >= 0, got -1"),
     ('{"engine": {"thread_count": "2"}}', "engine.thread_count", "must be an integer"),
-    ('{"engine": {"batch_size": 0}}', "engine.batch_size", "must be >= 1, got 0"),
+    ('{"engine": {"batch_size": -1}}', "engine.batch_size", "must be >= 0, got -1"),
+    (
+        '{"engine": {"allocator_type": "standard", "worker_mode": "process"}}',
+        "engine.allocator_type",
+        "'standard' cannot be combined with engine.worker_mode 'process'",
+    ),
     ('{"engine": {"worker_mode": "fiber"}}', "engine.worker_mode", "must be one of thread, process"),
     ('{"engine": {"pin": "yes"}}', "engine.pin", "must be true or false"),
     ('{"engine": {"cores": "0-3"}}', "engine.cores", "must be a list of core numbers"),

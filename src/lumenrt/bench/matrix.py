@@ -65,9 +65,12 @@ class Config:
 
 
 def configs(args: argparse.Namespace) -> list[Config]:
+    """Every served combination. ``standard`` with process workers is no configuration (the engine
+    refuses it: process workers always read requests from the shared arena), so it has no row."""
     rows = [
         Config(q, a, m, 1 if q == "spsc" else WORKERS, b)  # spsc has one consumer: one worker
         for q, a, m, b in itertools.product(args.queue_types, args.allocators, args.modes, args.batch_sizes)
+        if not (a == "standard" and m == "process")
     ]
     if args.single_worker:  # the seed's "one worker: half the throughput", on the default architecture
         rows += [Config("mpmc", "lumen_arena", m, 1, max(args.batch_sizes)) for m in args.modes]

@@ -14,13 +14,17 @@ busy likewise takes ceil(queued / workers) rows: they will be free soon. On CPU 
 one worker gathering every request while another sits idle halves throughput; measured with
 `lumenrt bench serve` (perf_analyzer, concurrency 4): batches of 3-4 on one worker, the other idle.
 ``IdleBoard`` is how batchers see each other: one flag per worker, written only by its owner.
+
+tests/unit/test_batcher.py checks each rule above against a scripted source and clock. A ring
+closed and drained while a batch forms ends that batch, which still runs (``_more``); the next
+``next_batch`` raises RingClosed, so requests still queued at close run before the worker ends.
 """
 
 import time
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from lumenrt.native import Item, Latches, Ring
+from lumenrt.native import Item, Latches, Ring, RingClosed
 
 T = TypeVar("T")
 
@@ -84,6 +88,7 @@ class Batcher(Generic[T]):
         self._board = board
         self._me = me
         self._carry: list[T] = []  # taken from the ring but not fitting the last batch
+        self._drained = False  # the ring was found closed and empty while a batch formed
 
     def _take_first(self) -> T:
         if self._carry:
@@ -118,21 +123,32 @@ class Batcher(Generic[T]):
                 # idle peers, or among all workers when every one is busy: they finish soon)
                 share = -(-(rows + source.waiting()) // (peers + 1 if peers else len(board.flags)))
                 if share > rows:
-                    self._add(batch, source.take(min(share, policy.max_rows) - rows, 0), rows)
+                    self._add(batch, self._more(min(share, policy.max_rows) - rows, 0), rows)
                 return batch
         deadline_ns = t_first_ns + policy.max_queue_delay_ns
         while rows < policy.max_rows:
             wait_s = (deadline_ns - time.monotonic_ns()) / 1e9
             if wait_s <= 0 or (rows in policy.preferred_rows and source.waiting() == 0):
-                more = source.take(policy.max_rows - rows, 0)
+                more = self._more(policy.max_rows - rows, 0)
                 if not more:
                     break
             else:
-                more = source.take(policy.max_rows - rows, wait_s)
+                more = self._more(policy.max_rows - rows, wait_s)
             rows = self._add(batch, more, rows)
-            if self._carry:
+            if self._carry or self._drained:
                 break
         return batch
+
+    def _more(self, max_n: int, timeout_s: float) -> list[T]:
+        """Requests to add to a batch already started: a ring closed and drained meanwhile ends
+        the batch (it runs; RingClosed comes at the next ``next_batch``), never loses it."""
+        if self._drained:
+            return []
+        try:
+            return self._source.take(max_n, timeout_s)
+        except RingClosed:
+            self._drained = True
+            return []
 
     def _add(self, batch: list[T], more: list[T], rows: int) -> int:
         """Append what fits (each item has >= 1 row); carry the rest over. Returns the rows."""

@@ -19,12 +19,14 @@ may need it.
 """
 
 import asyncio
+from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lumenrt.backends.base import Placement, get_backend
+from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.process_runtime import ProcessModelRuntime
 from lumenrt.engine.repository import ModelNotFound, ModelRepository
 from lumenrt.engine.request import Array, EngineError, InferRequest, ModelNotReady, StageTimes
@@ -51,6 +53,17 @@ class InferResult:
     times: StageTimes
 
 
+def capped(config: ModelConfig, batch_size: int) -> ModelConfig:
+    """``engine.batch_size`` (0: no cap) lowers a batching model's max_batch_size to it: requests
+    with more rows are refused, and no batch holds more; preferred sizes above it are dropped."""
+    if batch_size <= 0 or config.max_batch_size <= batch_size:
+        return config
+    db = config.dynamic_batching
+    if db is not None:
+        db = replace(db, preferred_batch_size=tuple(b for b in db.preferred_batch_size if b <= batch_size))
+    return replace(config, max_batch_size=batch_size, dynamic_batching=db)
+
+
 def placements_for(n_workers: int, cores: tuple[int, ...]) -> list[Placement]:
     """One placement per worker, round-robin over the cores; compute threads per session chosen
     so that all workers' threads together never exceed the cores given."""
@@ -59,7 +72,12 @@ def placements_for(n_workers: int, cores: tuple[int, ...]) -> list[Placement]:
 
 
 class _AsyncCompletions:
-    """Completion ring + notifier bound to one event loop."""
+    """Completion ring + notifier bound to one event loop.
+
+    Invariant: every completion reaches the loop. A worker never waits on a full completion ring
+    (it would stall every model behind one slow loop): what does not fit goes to ``overflow`` (a
+    deque: append and popleft are atomic under the GIL), which ``drain`` empties too. The ring is
+    sized so that this never happens in practice; ``overflowed`` counts the times it did."""
 
     def __init__(self, engine: "Engine") -> None:
         lay = Layout()
@@ -71,6 +89,8 @@ class _AsyncCompletions:
         self._engine = engine
         self.loop: asyncio.AbstractEventLoop | None = None
         self.outstanding = 0  # submitted and not yet resolved (event loop thread only)
+        self.overflow: deque[tuple[int, int]] = deque()  # (model id, request index)
+        self.overflowed = 0
         # Waits on this handle happen only in poll(): spin for the whole window, never sleep
         # (a futex wake-up costs ~10 us here, the whole of a small model's compute).
         self.ring.spin_ns = engine.settings.spin_us * 1000
@@ -86,7 +106,9 @@ class _AsyncCompletions:
         self.drain()
 
     def on_done(self, req: InferRequest) -> None:  # worker thread
-        self.ring.push(req.index, kind=req.model_id, timeout_s=30)
+        if not self.ring.try_push(req.index, kind=req.model_id):
+            self.overflowed += 1
+            self.overflow.append((req.model_id, req.index))
         self.notifier.notify()
 
     def poll(self, timeout_s: float) -> None:  # event loop thread
@@ -96,11 +118,14 @@ class _AsyncCompletions:
 
     def drain(self) -> None:  # event loop thread
         self.notifier.drain()
+        overflow = self.overflow
         while True:
             for item in self.ring.pop_many(256, timeout_s=0):
                 self._engine._resolve(item.kind, item.request_id)
+            while overflow:
+                self._engine._resolve(*overflow.popleft())
             self.notifier.arm()
-            if len(self.ring) == 0:  # re-check after arming (see notifier.h)
+            if len(self.ring) == 0 and not overflow:  # re-check after arming (see notifier.h)
                 return
 
     def close(self) -> None:
@@ -125,7 +150,10 @@ class Engine:
         settings = settings or EngineConfig()
         self.settings = settings
         self._runtimes: dict[str, dict[int, AnyRuntime]] = {}
-        self._by_id: list[AnyRuntime] = []
+        # every runtime an async completion may still name: the loaded ones, and closed ones until
+        # their last record is released (pruned at each load)
+        self._by_id: dict[int, AnyRuntime] = {}
+        self._next_id = 0
         self._async: _AsyncCompletions | None = None
         self.closed = False
         names = models if models is not None else [m.name for m in self.repository.index()]
@@ -141,6 +169,7 @@ class Engine:
     def load(self, name: str) -> None:
         """Load (or reload) every version the model's version policy selects."""
         loaded = self.repository.load(name)
+        self._prune()
         fresh: dict[int, AnyRuntime] = {}
         runtime_class = ProcessModelRuntime if self.settings.worker_mode == "process" else ModelRuntime
         try:
@@ -148,7 +177,7 @@ class Engine:
                 n = lm.config.instance_group.count or self.settings.thread_count or len(self.settings.cores)
                 cores = lm.config.instance_group.cores or self.settings.cores
                 runtime = runtime_class(
-                    config=lm.config,
+                    config=capped(lm.config, self.settings.batch_size),
                     version=lm.version,
                     model_path=lm.model_path,
                     backend=get_backend(lm.config.backend, lm.config.source),
@@ -162,8 +191,9 @@ class Engine:
                         spin_us=self.settings.spin_us,
                     ),
                 )
-                runtime.model_id = len(self._by_id)
-                self._by_id.append(runtime)
+                runtime.model_id = self._next_id
+                self._next_id += 1
+                self._by_id[runtime.model_id] = runtime
                 for rec in runtime.table.records:
                     rec.model_id = runtime.model_id
                 fresh[lm.version] = runtime
@@ -176,10 +206,18 @@ class Engine:
         self._runtimes[name] = fresh
         for rt in old.values():
             rt.close()
+        self._prune()
 
     def unload(self, name: str) -> None:
         for rt in self._runtimes.pop(name, {}).values():
             rt.close()
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget closed runtimes whose records are all back (no completion can name them)."""
+        for model_id, rt in list(self._by_id.items()):
+            if rt.closed and rt.table.free == len(rt.table.records):
+                del self._by_id[model_id]
 
     def models(self) -> list[str]:
         return sorted(self._runtimes)
@@ -282,6 +320,14 @@ class Engine:
             rt.release(req)
             return
         future.set_result(None)
+
+    def begin_shutdown(self) -> None:
+        """Shutdown began (the server drains): no worker process is replaced from now on; what
+        is queued still runs, and a worker that dies still fails what it held at once."""
+        for versions in self._runtimes.values():
+            for rt in versions.values():
+                if isinstance(rt, ProcessModelRuntime):
+                    rt.begin_shutdown()
 
     def _finish(self, rt: "AnyRuntime", req: InferRequest) -> InferResult:
         try:

@@ -1,24 +1,40 @@
 """Process mode: one loaded model version served by worker processes over shared memory.
 
-One named segment per model holds the request ring, the completion ring, the arena (one slot per
-request: inputs in, outputs out), one hold per worker, a cancel flag per request record and a
-status table. Threads in the engine process:
+One unnamed shared segment per model (a memfd the workers receive when they are spawned; nothing
+in /dev/shm, so nothing to unlink after any exit, SIGKILL of the engine included) holds the request
+ring, the completion ring, the arena (one slot per request: inputs in, outputs out), one hold per
+worker, a cancel flag per request record and a status table. Threads in the engine process:
   - callers (ingress): validate, copy inputs into a slot (the one copy), push the descriptor;
   - the completion thread: the only one that completes requests; it copies outputs out of the
     slot, frees it, and ignores duplicate notices (generation + finished flag);
-  - the monitor: when a worker process dies, it reports what it held (its hold, and any claim
-    the ring recovers) to the completion ring as WORKER_DIED notices, then starts a replacement;
-    the model is not ready until the replacement is.
+  - the supervisor: it spawns every worker, so their parent-death signal (SIGKILL) is tied to a
+    thread that outlives them; when a worker dies it reports what the worker held (its hold, and
+    any claim the ring recovers) to the completion ring as WORKER_DIED notices and, unless the
+    runtime is stopping, starts a replacement, retrying with backoff while replacements fail.
+
+Invariants
+  1. Every request that admission accepts is answered exactly once: by its worker (a result or a
+     clear error), by the supervisor when its worker dies (WorkerDied), or by ``close`` when the
+     runtime ends before it ran (ModelNotReady). Admission refuses at once (QueueFull names the
+     limit: max_queue_size, request records, or arena slots), never waits.
+  2. The model is ready only while every worker is alive and has loaded.
+  3. The supervisor never dies: an error while replacing is reported and retried with backoff.
+  4. No replacement starts once ``stopping`` is set (shutdown began); dead workers' requests are
+     still failed.
+  5. Only the supervisor reaps worker processes; ``close`` waits on their sentinels and kills.
 
 Shutdown order
-  1. closed = True (ingress refuses), close the request ring;
-  2. workers drain the ring and exit; join them (kill after the grace period);
-  3. stop the monitor; close the completion ring; the completion thread drains and ends;
-  4. unlink the segment (owner).
+  1. stopping = closed = True (ingress refuses, no replacement), close the request ring;
+  2. workers drain the ring and exit; wait for them (kill after the grace period);
+  3. stop the supervisor (it reaps the workers and fails what any killed one held); close the
+     completion ring; the completion thread drains and ends;
+  4. fail whatever is still unanswered; close the descriptor and unmap.
 """
 
+import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -35,6 +51,7 @@ from lumenrt.engine.process_worker import (
     FROM_SUPERVISOR,
     OK,
     READY,
+    STARTING,
     STATUS_COLS,
     SYNC,
     TIMED_OUT,
@@ -53,7 +70,7 @@ from lumenrt.engine.request import (
     RequestTimeout,
     WorkerDied,
 )
-from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, admit, push_and_wait
+from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, admit, push_and_wait, refusal, try_push
 from lumenrt.engine.slot_layout import (
     SlotTooSmall,
     header,
@@ -69,11 +86,12 @@ from lumenrt.native import (
     LATCH_STRIDE,
     Latches,
     Layout,
+    PassedFd,
     Region,
     Ring,
     RingClosed,
     SlabPool,
-    create_shared,
+    create_unnamed,
     hold_init,
     hold_required_bytes,
     latches_required_bytes,
@@ -81,8 +99,14 @@ from lumenrt.native import (
     slab_required_bytes,
 )
 
-ARENA_BUDGET_BYTES = 256 << 20  # per model; guessed: bounds /dev/shm use for big-input models
+ARENA_BUDGET_BYTES = 256 << 20  # per model; guessed: bounds shared memory for big-input models
 SPAWN = multiprocessing.get_context("spawn")  # workers start clean: no inherited threads or locks
+# Replacement backoff after a worker that died while loading: 0.1 s doubling to 5 s (guessed: a
+# model that fails to load keeps failing; a transient failure, e.g. memory, clears in seconds).
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
+START_TIMEOUT_S = 120.0  # a worker that has not loaded by then is killed and retried
+
+log = logging.getLogger("lumenrt.engine")
 
 
 class ProcessModelRuntime:
@@ -120,7 +144,8 @@ class ProcessModelRuntime:
             "latches": lay.add(latches_required_bytes(table_size)),
             "pool": lay.add(slab_required_bytes(slot_bytes, n_slots), align=4096),
         }
-        self.region = create_shared(lay.size_bytes, tag=f"model-{config.name}"[:60])
+        self._region_bytes = lay.size_bytes
+        self.region, self._fd = create_unnamed(lay.size_bytes, tag=f"model-{config.name}"[:60])
         self.ring = Ring.create(self.region, options.queue_type, ring_cap, offset=offsets["requests"])
         self._completions = Ring.create(self.region, "mpmc", comp_cap, offset=offsets["completions"])
         self._spin_ns = options.spin_us * 1000
@@ -151,7 +176,9 @@ class ProcessModelRuntime:
         ]
         self._specs = [
             WorkerSpec(
-                shm_name=str(self.region.name),
+                memory=PassedFd(self._fd),
+                memory_bytes=self._region_bytes,
+                parent_pid=os.getpid(),
                 offsets=offsets,
                 config=config,
                 model_path=model_path,
@@ -171,73 +198,85 @@ class ProcessModelRuntime:
         self._completer = threading.Thread(
             target=self._complete_loop, name=f"lumenrt-{config.name}-done", daemon=True
         )
-        self._monitor = threading.Thread(
-            target=self._monitor_loop, name=f"lumenrt-{config.name}-monitor", daemon=True
+        self._supervisor = threading.Thread(
+            target=self._supervise, name=f"lumenrt-{config.name}-supervisor", daemon=True
         )
+        self._spawned = threading.Event()  # the supervisor started every worker (or failed to)
+        self._spawn_error: BaseException | None = None
+        self._started = False  # start() returned: deaths from now on are replaced
         self.closed = False
+        self.stopping = False  # shutdown began: no worker is replaced any more
         self.rejected = 0
         self.worker_deaths = 0
-        self.replacing = 0
+        self.replacement_failures = 0
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     def _spawn(self, i: int) -> None:
-        self._status[i, :2] = (0, 0)
+        """Supervisor thread only (the workers' parent-death signal follows the spawning thread)."""
+        self._status[i, :2] = (0, STARTING)
         proc = SPAWN.Process(
             target=worker_main, args=(self._specs[i],), name=f"lumenrt-{self.config.name}-w{i}", daemon=True
         )
         proc.start()
         self._procs[i] = proc
 
-    def _wait_ready(self, i: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self._status[i, 1] != READY:
-            if not self._procs[i].is_alive():
-                raise EngineError(
-                    f"model {self.config.name!r}: worker {i} exited while loading (exit code {self._procs[i].exitcode})"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"model {self.config.name!r}: worker {i} did not load within {timeout_s} s"
-                )
-            time.sleep(0.005)
-
-    def start(self, timeout_s: float = 120) -> None:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the workers and wait until every one has loaded its model."""
+        self._completer.start()
+        self._supervisor.start()
         try:
-            for i in range(len(self._specs)):
-                self._spawn(i)
-            for i in range(len(self._specs)):
-                self._wait_ready(i, timeout_s)
+            self._spawned.wait()
+            if self._spawn_error is not None:
+                raise EngineError(
+                    f"model {self.config.name!r}: could not start its workers: {self._spawn_error}"
+                ) from self._spawn_error
+            deadline = time.monotonic() + timeout_s
+            while not all(self._status[i, 1] == READY for i in range(len(self._specs))):
+                for i, p in enumerate(self._procs):
+                    if p.exitcode is not None or not p.is_alive():
+                        raise EngineError(
+                            f"model {self.config.name!r}: worker {i} exited while loading "
+                            f"(exit code {p.exitcode}); see its error above"
+                        )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"model {self.config.name!r}: workers did not load within {timeout_s} s"
+                    )
+                time.sleep(0.005)
         except BaseException:
             self.close()
             raise
-        self._completer.start()
-        self._monitor.start()
+        self._started = True
 
     @property
     def ready(self) -> bool:
+        status = self._status
         return (
             not self.closed
-            and self.replacing == 0
+            and status is not None
             and all(p is not None and p.is_alive() for p in self._procs)
-            and bool(np.all(self._status[:, 1] == READY))
+            and bool(np.all(status[:, 1] == READY))
         )
+
+    def begin_shutdown(self) -> None:
+        """Shutdown began: workers that die from now on are not replaced (what they held still
+        fails at once)."""
+        self.stopping = True
 
     def close(self, timeout_s: float = 30) -> None:
         if self.closed:
             return
-        self.closed = True
+        self.stopping = self.closed = True
         self.ring.close()
-        deadline = time.monotonic() + timeout_s
+        self._wait_workers(timeout_s)
         for p in self._procs:
-            if p is not None:
-                p.join(max(0.0, deadline - time.monotonic()))
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+            if p is not None and p.pid is not None and not multiprocessing.connection.wait([p.sentinel], 0):
+                p.kill()  # a signal only: the supervisor reaps it and fails what it held
+        self._wait_workers(5)
         self._stop_w.send(b"x")
-        if self._monitor.is_alive():
-            self._monitor.join(10)
+        if self._supervisor.is_alive():
+            self._supervisor.join(15)
         self._completions.close()
         if self._completer.is_alive():
             self._completer.join(10)
@@ -249,6 +288,21 @@ class ProcessModelRuntime:
             Region.anonymous(len(self.table.latches) * LATCH_STRIDE), len(self.table.latches)
         )
         self.region.close()
+        os.close(self._fd)
+        self._stop_r.close()
+        self._stop_w.close()
+
+    def _wait_workers(self, timeout_s: float) -> None:
+        """Until every started worker has exited or ``timeout_s`` passed (sentinels only: the
+        supervisor reaps)."""
+        deadline = time.monotonic() + timeout_s
+        pending = {p.sentinel for p in self._procs if p is not None and p.pid is not None}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for s in multiprocessing.connection.wait(list(pending), left):
+                pending.discard(s)
 
     def _fail_unfinished(self) -> None:
         for req in self.table.records:
@@ -270,14 +324,7 @@ class ProcessModelRuntime:
         """Queue the request without waiting: ``on_done`` runs in the completion thread (None: the
         record's latch is set)."""
         req = self._prepare(inputs, timeout_s, on_done)
-        try:
-            pushed = self.ring.try_push(
-                req.index, slot=req.slot, aux0=req.rows, aux1=req.generation, aux2=req.deadline_ns
-            )
-        except RingClosed:
-            pushed = False
-        if not pushed:
-            self._refuse(req)
+        try_push(self, req, slot=req.slot, aux0=req.rows, aux1=req.generation, aux2=req.deadline_ns)
         return req
 
     def run(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferRequest:
@@ -301,7 +348,9 @@ class ProcessModelRuntime:
         on_done: Callable[[InferRequest], None] | None,
     ) -> InferRequest:
         try:
-            req, arrays = admit(self.config, self.table, inputs, self.closed, self._max_queue, timeout_s)
+            req, arrays = admit(
+                self.config, self.table, inputs, self.closed, self._max_queue, timeout_s, len(self.ring)
+            )
         except QueueFull:
             self.rejected += 1
             raise
@@ -310,7 +359,9 @@ class ProcessModelRuntime:
             self.table.release(req)
             self.rejected += 1
             raise QueueFull(
-                f"model {self.config.name!r}: arena full ({self.pool.n_slots} requests in flight)"
+                f"model {self.config.name!r}: arena full: all {self.pool.n_slots} slots in use (one per "
+                f"request in flight, {self.pool.slot_bytes} bytes each: max_batch_size rows of every "
+                f"tensor; the arena is capped at {ARENA_BUDGET_BYTES >> 20} MiB per model)"
             )
         try:
             write_inputs(self.pool.view(slot), arrays)  # the one copy
@@ -325,14 +376,12 @@ class ProcessModelRuntime:
         req.times.enqueued_ns = time.monotonic_ns()
         return req
 
-    def _refuse(self, req: InferRequest) -> None:
+    def _refuse(self, req: InferRequest, refused: str | None = None) -> None:
         self.pool.free(req.slot)
         req.slot = -1
-        self.table.release(req)
+        self.release(req)
         self.rejected += 1
-        if self.closed:
-            raise ModelNotReady(f"model {self.config.name!r} is unloading")
-        raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
+        raise refusal(self.config, self.closed, self._max_queue, refused)
 
     def cancel(self, req: InferRequest) -> None:
         req.cancelled = True
@@ -394,35 +443,89 @@ class ProcessModelRuntime:
         req.slot = -1
         t.completed_ns = time.monotonic_ns()
 
-    def _monitor_loop(self) -> None:
-        while True:
-            sentinels = {p.sentinel: i for i, p in enumerate(self._procs) if p is not None}
-            ready = multiprocessing.connection.wait([*sentinels, self._stop_r])
-            if self._stop_r in ready or self.closed:
-                return
-            for s in ready:
-                i = sentinels[s]
-                self._procs[i].join(1)
-                self._replace(i)
-
-    def _replace(self, i: int) -> None:
-        """Worker i died: report what it held, start another."""
-        self.worker_deaths += 1
-        self.replacing += 1
+    def _supervise(self) -> None:
+        """The supervisor thread (see the top): spawns, watches, fails, replaces, reaps."""
         try:
-            notices = {(int(item.request_id), int(item.aux1)) for item in self.ring.recover()}
-            hold = self._holds[i]
-            for entry in hold[hold["request_id"] != HOLD_DONE]:
-                notices.add((int(entry["request_id"]), int(entry["aux1"])))
-            for index, generation in notices:
-                self._completions.push(index, aux0=WORKER_DIED, aux1=generation, kind=FROM_SUPERVISOR)
-            self._completions.recover()
-            hold["request_id"] = HOLD_DONE
-            if not self.closed:
+            for i in range(len(self._specs)):
                 self._spawn(i)
-                self._wait_ready(i, 120)
+        except BaseException as e:
+            self._spawn_error = e
         finally:
-            self.replacing -= 1
+            self._spawned.set()
+        failures = [0] * len(self._specs)  # deaths while loading in a row, per worker
+        retry_at: dict[int, float] = {}  # worker -> when to start its replacement
+        dead: set[int] = set()  # reported dead, not (yet) replaced
+        while True:
+            try:
+                sentinels = {
+                    p.sentinel: i
+                    for i, p in enumerate(self._procs)
+                    if p is not None and p.pid is not None and i not in dead
+                }
+                timeout = max(0.0, min(retry_at.values()) - time.monotonic()) if retry_at else None
+                ready = multiprocessing.connection.wait([*sentinels, self._stop_r], timeout)
+                if self._stop_r in ready:
+                    break
+                for s in ready:
+                    i = sentinels[s]
+                    loaded = self._status[i, 1] == READY
+                    self._procs[i].join(1)
+                    dead.add(i)
+                    self._report_death(i)
+                    # during start() only a worker that had loaded is replaced: one that died
+                    # loading is start()'s to report
+                    if not self.stopping and (self._started or loaded):
+                        failures[i] = 0 if loaded else failures[i] + 1
+                        delay = 0.0 if loaded else min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (failures[i] - 1))
+                        if not loaded:
+                            self.replacement_failures += 1
+                            log.warning(
+                                "model %r: replacement worker %d exited while loading (exit code %s); "
+                                "retrying in %.1f s",
+                                self.config.name,
+                                i,
+                                self._procs[i].exitcode,
+                                delay,
+                            )
+                        retry_at[i] = time.monotonic() + delay
+                now = time.monotonic()
+                for i in [i for i, at in retry_at.items() if at <= now]:
+                    del retry_at[i]
+                    if self.stopping:
+                        continue
+                    try:
+                        self._spawn(i)
+                        dead.discard(i)
+                    except Exception as e:  # e.g. out of memory or processes: try again later
+                        failures[i] += 1
+                        self.replacement_failures += 1
+                        retry_at[i] = time.monotonic() + min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** failures[i])
+                        log.warning(
+                            "model %r: could not start worker %d: %s; retrying", self.config.name, i, e
+                        )
+                if self.stopping:
+                    retry_at.clear()
+            except Exception:  # never dies (invariant 3): report and go on
+                log.exception("model %r: supervisor error (continuing)", self.config.name)
+                time.sleep(0.1)
+        for i, p in enumerate(self._procs):  # close() has ended them: reap, fail what they held
+            if p is not None and p.pid is not None and i not in dead:
+                p.join(5)
+                if p.exitcode is not None and self._holds:
+                    self._report_death(i)
+
+    def _report_death(self, i: int) -> None:
+        """Worker i is gone: fail what it held (WORKER_DIED notices to the completion thread)."""
+        if not self.closed:
+            self.worker_deaths += 1
+        notices = {(int(item.request_id), int(item.aux1)) for item in self.ring.recover()}
+        hold = self._holds[i]
+        for entry in hold[hold["request_id"] != HOLD_DONE]:
+            notices.add((int(entry["request_id"]), int(entry["aux1"])))
+        for index, generation in notices:
+            self._completions.push(index, aux0=WORKER_DIED, aux1=generation, kind=FROM_SUPERVISOR)
+        self._completions.recover()
+        hold["request_id"] = HOLD_DONE
 
     # ---- statistics -----------------------------------------------------------------------
 
@@ -440,6 +543,7 @@ class ProcessModelRuntime:
             "infer_ns": int(self._status[:, 4].sum()) if self._status is not None else 0,
             "rejected": self.rejected,
             "worker_deaths": self.worker_deaths,
+            "replacement_failures": self.replacement_failures,
             "arena": self.pool.stats() if not self.closed else None,
             "ring": self.ring.stats() if not self.closed else None,
             "pids": [int(p.pid) if p is not None and p.pid else 0 for p in self._procs],

@@ -4,9 +4,16 @@ It reads each request's inputs in place from its arena slot, writes the outputs 
 slot, and reports through the completion ring. Every request it pops is first recorded in its
 hold (in shared memory, by the ring itself) and marked done only after its completion was pushed,
 so the supervisor can fail exactly what a killed worker had taken.
+
+It dies with its engine: the parent-death signal (SIGKILL, armed first thing) ends it when the
+supervisor thread that spawned it ends, and a check right after arming covers a parent that died
+before. SIGINT and SIGTERM are ignored: a Ctrl-C or a signal to the whole process group reaches
+the server, which drains and then stops its workers itself.
 """
 
 import os
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +25,26 @@ from lumenrt.backends.base import Placement, get_backend
 from lumenrt.engine.batcher import Batcher
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
-from lumenrt.engine.worker import batch_buffers, batch_policy, gather, zeros_for
+from lumenrt.engine.worker import (
+    batch_buffers,
+    batch_policy,
+    gather,
+    has_variable_dims,
+    shape_groups,
+    zeros_for,
+)
 from lumenrt.native import (
     DESC_DTYPE,
     HOLD_DONE,
     HOLD_HEADER_BYTES,
     Item,
     Latches,
-    Region,
+    PassedFd,
     Ring,
     RingClosed,
     SlabPool,
+    map_passed,
+    set_parent_death_signal,
 )
 
 # Completion statuses (descriptor aux0, and the slot header's status).
@@ -40,12 +56,15 @@ FROM_WORKER, FROM_SUPERVISOR = 0, 1
 ASYNC, SYNC = 0, 1
 # Worker states in the status table.
 STARTING, READY, EXITED = 0, 1, 2
+LOAD_FAILED = 3  # exit code of a worker whose model did not load
 STATUS_COLS = 5  # pid, state, requests, batches, infer_ns (compute time of its batch, per request)
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    shm_name: str
+    memory: PassedFd  # the model's shared segment (a memfd), inherited at spawn
+    memory_bytes: int
+    parent_pid: int
     offsets: dict[str, int]
     config: ModelConfig
     model_path: Path
@@ -62,7 +81,7 @@ class WorkerSpec:
 class HeldSource:
     """Pops through the worker's hold; a request is (item, hold position)."""
 
-    def __init__(self, ring: Ring, region: Region, hold_offset: int) -> None:
+    def __init__(self, ring: Ring, region: Any, hold_offset: int) -> None:
         self._ring, self._region, self._hold_offset = ring, region, hold_offset
 
     def take(self, max_n: int, timeout_s: float | None) -> list[tuple[Item, int]]:
@@ -79,7 +98,12 @@ class HeldSource:
 
 
 def worker_main(spec: WorkerSpec) -> None:
-    region = Region.attach_shm(spec.shm_name)
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != spec.parent_pid:  # the engine died before the signal was armed
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    region = map_passed(spec.memory, spec.memory_bytes)
     off = spec.offsets
     requests = Ring.attach(region, off["requests"])
     requests.spin_ns = spec.spin_ns
@@ -97,9 +121,17 @@ def worker_main(spec: WorkerSpec) -> None:
     if spec.pin and spec.placement.cores:
         os.sched_setaffinity(0, spec.placement.cores)
     config = spec.config
-    session = get_backend(config.backend, config.source).load(spec.model_path, config, spec.placement)
-    for _ in range(config.warmup):
-        session.run(zeros_for(config, 1))
+    try:
+        session = get_backend(config.backend, config.source).load(spec.model_path, config, spec.placement)
+        for _ in range(config.warmup):
+            session.run(zeros_for(config, 1))
+    except Exception as e:  # one line for the operator; the supervisor sees the exit code
+        print(
+            f"lumenrt: model {config.name!r} worker {spec.index}: could not load: {type(e).__name__}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(LOAD_FAILED) from None
     status[spec.index, :2] = (os.getpid(), READY)
     batcher = Batcher(HeldSource(requests, region, hold_offset), batch_policy(config))
     buffers = batch_buffers(config)
@@ -111,6 +143,39 @@ def worker_main(spec: WorkerSpec) -> None:
         else:
             completions.push(item.request_id, slot=item.slot, aux0=code, aux1=item.aux1, kind=FROM_WORKER)
         hold_ids[pos % spec.hold_capacity] = HOLD_DONE  # after: a death between = a duplicate notice
+
+    variable = has_variable_dims(config) and config.max_batch_size > 0
+
+    def run_group(live: list[tuple[Item, int, memoryview]]) -> None:
+        parts = [read_tensors(slot, config, outputs=False) for _, _, slot in live]
+        inputs = parts[0] if len(parts) == 1 else gather(config, buffers, parts)
+        rows = sum(item.aux0 for item, _, _ in live)
+        t_start = time.monotonic_ns()
+        try:
+            outputs = session.run(inputs)
+        except Exception as e:
+            for item, pos, slot in live:
+                write_error(slot, f"model {config.name!r} failed: {type(e).__name__}: {e}")
+                finish(item, pos, FAILED)
+            return
+        t_end = time.monotonic_ns()
+        offset = 0
+        for item, pos, slot in live:
+            n = item.aux0
+            mine = {k: v[offset : offset + n] for k, v in outputs.items()} if len(live) > 1 else outputs
+            offset += n
+            h = header(slot)
+            h["compute_start_ns"], h["compute_end_ns"], h["batch_rows"] = t_start, t_end, rows
+            try:
+                write_outputs(slot, mine)
+            except ValueError as e:
+                write_error(slot, str(e))
+                finish(item, pos, FAILED)
+                continue
+            finish(item, pos, OK)
+        status[spec.index, 2] += len(live)
+        status[spec.index, 3] += 1
+        status[spec.index, 4] += (t_end - t_start) * len(live)
 
     try:
         while True:
@@ -131,35 +196,18 @@ def worker_main(spec: WorkerSpec) -> None:
                     live.append((item, pos, slot))
             if not live:
                 continue
-            parts = [read_tensors(slot, config, outputs=False) for _, _, slot in live]
-            inputs = parts[0] if len(parts) == 1 else gather(config, buffers, parts)
-            rows = sum(item.aux0 for item, _, _ in live)
-            t_start = time.monotonic_ns()
-            try:
-                outputs = session.run(inputs)
-            except Exception as e:
-                for item, pos, slot in live:
-                    write_error(slot, f"model {config.name!r} failed: {type(e).__name__}: {e}")
-                    finish(item, pos, FAILED)
-                continue
-            t_end = time.monotonic_ns()
-            offset = 0
-            for item, pos, slot in live:
-                n = item.aux0
-                mine = {k: v[offset : offset + n] for k, v in outputs.items()} if len(live) > 1 else outputs
-                offset += n
-                h = header(slot)
-                h["compute_start_ns"], h["compute_end_ns"], h["batch_rows"] = t_start, t_end, rows
+            groups = [live]
+            if variable and len(live) > 1:
+                parts = [read_tensors(slot, config, outputs=False) for _, _, slot in live]
+                groups = [[live[i] for i in g] for g in shape_groups(parts)]
+            for group in groups:
                 try:
-                    write_outputs(slot, mine)
-                except ValueError as e:
-                    write_error(slot, str(e))
-                    finish(item, pos, FAILED)
-                    continue
-                finish(item, pos, OK)
-            status[spec.index, 2] += len(live)
-            status[spec.index, 3] += 1
-            status[spec.index, 4] += (t_end - t_start) * len(live)
+                    run_group(group)
+                except Exception as e:  # never leave a request unanswered (see worker.py)
+                    for item, pos, slot in group:
+                        if hold_ids[pos % spec.hold_capacity] != HOLD_DONE:
+                            write_error(slot, f"model {config.name!r}: could not run the batch: {e}")
+                            finish(item, pos, FAILED)
     finally:
         status[spec.index, 1] = EXITED
         session.close()

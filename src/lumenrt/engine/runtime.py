@@ -1,9 +1,22 @@
 """One loaded model version: its request ring, request table, input arena and workers.
 
 Ingress path of a request (``submit``), all in the caller's thread:
-  validate -> take a request record -> copy the inputs once (into an arena slot with
-  allocator_type "lumen_arena", into fresh numpy arrays with "standard") -> push the record's index
-  to the request ring (full: QueueFull at once, never a wait) -> a worker completes it.
+  validate -> check the queue bound (max_queue_size) -> take a request record -> copy the inputs
+  once (into an arena slot with allocator_type "lumen_arena", into fresh numpy arrays with
+  "standard") -> push the record's index to the request ring -> a worker completes it.
+
+Invariants (both worker modes; process_runtime.py adds its own)
+  1. Every request admission accepts gets exactly one answer: its outputs, or an EngineError saying
+     why (the model failed, its worker died, it expired or was cancelled before running, or the
+     model was unloaded first). Nothing that takes a request may end without answering it: a
+     worker that cannot run a batch fails that batch's requests and keeps serving.
+  2. Admission never waits: a request over a limit is refused at once with QueueFull naming the
+     limit (max_queue_size; request records; arena slots in process mode), and a push the ring
+     refuses (full, closed, or a producer the ring cannot take) is answered at once, its record and
+     slot returned, never treated as in flight.
+  3. At most max_queue_size requests wait in the ring (exact with one producer thread, as behind
+     the server's event loop; concurrent producer threads may overshoot by one each, bounded by
+     the ring's capacity).
 """
 
 import time
@@ -19,6 +32,7 @@ from lumenrt.engine.batcher import IdleBoard
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.request import (
     Array,
+    EngineError,
     InferRequest,
     ModelNotReady,
     QueueFull,
@@ -26,7 +40,15 @@ from lumenrt.engine.request import (
 )
 from lumenrt.engine.validate import validate_inputs
 from lumenrt.engine.worker import ThreadWorker, WorkerStats
-from lumenrt.native import Region, Ring, RingClosed, SlabPool, ring_required_bytes, slab_required_bytes
+from lumenrt.native import (
+    LrtError,
+    Region,
+    Ring,
+    RingClosed,
+    SlabPool,
+    ring_required_bytes,
+    slab_required_bytes,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +68,23 @@ def admit(
     closed: bool,
     max_queue: int,
     timeout_s: float | None,
+    queued: int,
 ) -> tuple[InferRequest, dict[str, Array]]:
-    """The admission steps both worker modes share: refuse when unloading, validate, take a
-    request record (QueueFull at once when none is free), stamp arrival and set the deadline."""
+    """The admission steps both worker modes share: refuse when unloading, validate, check the
+    queue bound (``queued``: requests now in the ring), take a request record (QueueFull at once
+    when none is free), stamp arrival and set the deadline."""
     received_ns = time.monotonic_ns()
     if closed:
         raise ModelNotReady(f"model {config.name!r} is unloading")
     arrays, rows = validate_inputs(config, inputs)
+    if queued >= max_queue:
+        raise QueueFull(f"model {config.name!r}: queue full (max_queue_size: {max_queue} requests waiting)")
     req = table.acquire()
     if req is None:
-        raise QueueFull(f"model {config.name!r}: queue full ({max_queue} requests waiting)")
+        raise QueueFull(
+            f"model {config.name!r}: all {len(table.records)} request records in use "
+            "(requests queued, running, or answered but not yet collected)"
+        )
     req.times.received_ns = received_ns
     req.rows = rows
     db = config.dynamic_batching
@@ -83,18 +112,45 @@ def abandon(runtime: "ModelRuntime | Any", req: InferRequest) -> None:
 
 def push_and_wait(runtime: Any, req: InferRequest, **desc: int) -> None:
     """The synchronous hand-off both worker modes share: push ``req`` (descriptor fields ``desc``)
-    and wait for its latch in this thread; a full or closed ring refuses it (``_refuse``)."""
+    and wait for its latch in this thread; a push the ring refuses is answered at once
+    (``_refuse``), only an interruption after the push leaves the request in flight."""
+    refused: str | None = None
     try:
         pushed = runtime.ring.push_wait(
             req.index, latches=runtime.table.latches, latch=req.index, spin_ns=runtime._spin_ns, **desc
         )
     except RingClosed:
         pushed = False
+    except LrtError as e:  # raised before the push took effect (e.g. too many producer threads)
+        pushed, refused = False, str(e)
     except BaseException:  # e.g. KeyboardInterrupt while waiting: the request is in flight
         abandon(runtime, req)
         raise
     if not pushed:
-        runtime._refuse(req)
+        runtime._refuse(req, refused)
+
+
+def try_push(runtime: Any, req: InferRequest, **desc: int) -> None:
+    """The asynchronous hand-off both worker modes share: push without waiting; a refused push is
+    answered at once (``_refuse``)."""
+    refused: str | None = None
+    try:
+        pushed = runtime.ring.try_push(req.index, **desc)
+    except RingClosed:
+        pushed = False
+    except LrtError as e:
+        pushed, refused = False, str(e)
+    if not pushed:
+        runtime._refuse(req, refused)
+
+
+def refusal(config: ModelConfig, closed: bool, max_queue: int, refused: str | None) -> EngineError:
+    """The error for a push the ring refused: unloading, the ring's own refusal, or full."""
+    if closed:
+        return ModelNotReady(f"model {config.name!r} is unloading")
+    if refused is not None:
+        return EngineError(f"model {config.name!r}: the request ring refused the request: {refused}")
+    return QueueFull(f"model {config.name!r}: queue full (max_queue_size: {max_queue} requests waiting)")
 
 
 def _ring_capacity(n: int) -> int:
@@ -198,12 +254,7 @@ class ModelRuntime:
         """Queue the request without waiting: ``on_done`` runs in the worker when it completes
         (None: its latch is set, see ``table.latches.wait``)."""
         req = self._prepare(inputs, timeout_s, on_done)
-        try:
-            pushed = self.ring.try_push(req.index, aux0=req.rows)
-        except RingClosed:
-            pushed = False
-        if not pushed:
-            self._refuse(req)
+        try_push(self, req, aux0=req.rows)
         return req
 
     def run(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferRequest:
@@ -221,7 +272,9 @@ class ModelRuntime:
         on_done: Callable[[InferRequest], None] | None,
     ) -> InferRequest:
         try:
-            req, arrays = admit(self.config, self.table, inputs, self.closed, self._max_queue, timeout_s)
+            req, arrays = admit(
+                self.config, self.table, inputs, self.closed, self._max_queue, timeout_s, len(self.ring)
+            )
         except QueueFull:
             self.rejected += 1
             raise
@@ -230,13 +283,12 @@ class ModelRuntime:
         req.times.enqueued_ns = time.monotonic_ns()
         return req
 
-    def _refuse(self, req: InferRequest) -> None:
-        """The ring refused the request (full, or closed by an unload): answer at once."""
+    def _refuse(self, req: InferRequest, refused: str | None = None) -> None:
+        """The ring refused the request (full, closed by an unload, or refused by the ring):
+        return its record and arena slot, answer at once."""
         self.release(req)
         self.rejected += 1
-        if self.closed:
-            raise ModelNotReady(f"model {self.config.name!r} is unloading")
-        raise QueueFull(f"model {self.config.name!r}: queue full ({self._max_queue} requests waiting)")
+        raise refusal(self.config, self.closed, self._max_queue, refused)
 
     def _copy_in(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array]:
         """The one copy of the request's tensors."""

@@ -5,7 +5,9 @@ The seed's keys keep their names and values under ``engine``::
     {"engine": {"queue_type": "mpmc", "allocator_type": "lumen_arena", "thread_count": 8, "batch_size": 1}}
 
 and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``arena_slots`` and
-``spin_us``.
+``spin_us``. Every key has an effect (see the README's table); a combination without one is refused:
+``allocator_type: standard`` with ``worker_mode: process`` (process workers read requests from the
+shared arena, so there is no per-request allocation to choose).
 Unknown keys are errors naming the key. Overrides (e.g. from command-line flags) are engine keys
 applied over the file; a None value means "not given".
 """
@@ -64,7 +66,7 @@ class EngineConfig:
     queue_type: str = "mpmc"
     allocator_type: str = "lumen_arena"
     thread_count: int = 0  # workers; 0 = one per core in ``cores`` (1 with spsc)
-    batch_size: int = 1  # max batch for models whose config does not say
+    batch_size: int = 0  # cap on rows per batch for every model (lowers max_batch_size); 0 = no cap
     worker_mode: str = "thread"
     pin: bool = True  # pin each worker to one core of ``cores``
     cores: tuple[int, ...] = ()  # () = the cores this process may use
@@ -78,11 +80,19 @@ class EngineConfig:
         read_choice(self.allocator_type, ALLOCATOR_TYPES, src, "engine.allocator_type")
         read_choice(self.worker_mode, WORKER_MODES, src, "engine.worker_mode")
         read_int(self.thread_count, src, "engine.thread_count", minimum=0)
-        read_int(self.batch_size, src, "engine.batch_size", minimum=1)
+        read_int(self.batch_size, src, "engine.batch_size", minimum=0)
         read_bool(self.pin, src, "engine.pin")
         read_int(self.arena_slot_bytes, src, "engine.arena_slot_bytes", minimum=MIN_ARENA_SLOT_BYTES)
         read_int(self.arena_slots, src, "engine.arena_slots", minimum=1)
         read_int(self.spin_us, src, "engine.spin_us", minimum=0)
+        if self.allocator_type == "standard" and self.worker_mode == "process":
+            raise ConfigError(
+                src,
+                "engine.allocator_type",
+                "'standard' cannot be combined with engine.worker_mode 'process': worker processes "
+                "read every request from the shared arena (lumen_arena), so there is no per-request "
+                "allocation to choose; use allocator_type 'lumen_arena', or worker_mode 'thread'",
+            )
         usable = usable_cores()
         cores = tuple(self.cores) or usable
         for i, core in enumerate(cores):

@@ -4,6 +4,11 @@ Loop: the batcher blocks for the first request (GIL released while it waits), ga
 the worker drops requests that expired or were cancelled (answered, never run), concatenates the
 rest into its pre-allocated batch buffers, runs the session (ONNX Runtime, XGBoost and PyTorch
 release the GIL while they compute), hands each request exactly its own rows, and completes it.
+Requests whose variable dimensions differ cannot share a batch: they run as separate groups.
+
+Invariant: the worker never dies with requests unanswered. An error anywhere in a batch (the
+model, gathering, splitting) fails exactly the batch's requests that are not yet answered, with
+the error's text, and the worker goes on to the next batch.
 
 Shutdown order
   1. the runtime closes the request ring (no new request gets in);
@@ -85,6 +90,21 @@ def batch_buffers(config: ModelConfig) -> dict[str, Array]:
     }
 
 
+def has_variable_dims(config: ModelConfig) -> bool:
+    """True if requests of this model may differ in a non-batch dimension (they then batch only
+    with requests of the same shape)."""
+    return any(any(d < 0 for d in spec.dims) for spec in config.inputs)
+
+
+def shape_groups(parts: list[dict[str, Array]]) -> list[list[int]]:
+    """Indices of ``parts`` grouped by the non-batch shape of every input, first-come order kept:
+    each group's inputs concatenate row-wise."""
+    groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
+    for i, p in enumerate(parts):
+        groups.setdefault(tuple(a.shape[1:] for a in p.values()), []).append(i)
+    return list(groups.values())
+
+
 def gather(config: ModelConfig, buffers: dict[str, Array], parts: list[dict[str, Array]]) -> dict[str, Array]:
     """Concatenate several requests' inputs row-wise, into the batch buffers where possible."""
     rows = sum(int(next(iter(p.values())).shape[0]) for p in parts)
@@ -126,6 +146,7 @@ class ThreadWorker:
         self._pin = pin
         self._policy = batch_policy(config)
         self._buffers = batch_buffers(config)
+        self._variable = has_variable_dims(config) and config.max_batch_size > 0
         self._signal: list[int] = []  # requests completed, latches set at the next take
         self._thread = threading.Thread(target=self._run, name=f"lumenrt-{config.name}-w{index}", daemon=True)
 
@@ -161,7 +182,11 @@ class ThreadWorker:
                     items = batcher.next_batch()  # sets the latches of the last batch first
                 except RingClosed:
                     break
-                self._execute(session, [records[item.request_id] for item in items])
+                batch = [records[item.request_id] for item in items]
+                try:
+                    self._execute(session, batch)
+                except Exception as e:  # never die with requests unanswered (see the top)
+                    self._fail_unanswered(batch, e)
         finally:
             for index in self._signal:  # completed, but the loop ended before the next take
                 self._table.latches.set(index)
@@ -187,6 +212,17 @@ class ThreadWorker:
                 live.append(req)
         if not live:
             return
+        if self._variable and len(live) > 1:
+            groups = shape_groups([r.inputs for r in live])
+            if len(groups) > 1:
+                for group in groups:
+                    self._run_batch(session, [live[i] for i in group], now_ns)
+                return
+        self._run_batch(session, live, now_ns)
+
+    def _run_batch(self, session: BackendSession, live: list[InferRequest], now_ns: int) -> None:
+        """Run requests whose inputs concatenate as one batch; complete each."""
+        stats = self.stats
         inputs = live[0].inputs if len(live) == 1 else self._gather(live)
         rows = sum(r.rows for r in live)
         t_start = time.monotonic_ns()
@@ -224,6 +260,15 @@ class ThreadWorker:
 
     def _gather(self, live: list[InferRequest]) -> dict[str, Array]:
         return gather(self.config, self._buffers, [r.inputs for r in live])
+
+    def _fail_unanswered(self, batch: list[InferRequest], e: Exception) -> None:
+        """An error outside the model's run: fail each request of the batch not yet answered."""
+        error = EngineError(f"model {self.config.name!r}: could not run the batch: {type(e).__name__}: {e}")
+        error.__cause__ = e
+        for req in batch:
+            if req.times.completed_ns == 0:
+                self.stats.failures += 1
+                self._fail(req, error)
 
     def _fail(self, req: InferRequest, error: EngineError) -> None:
         req.error = error

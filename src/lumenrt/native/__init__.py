@@ -35,10 +35,19 @@ from lumenrt.native._core import (
     now_ns,
     process_alive,
     ring_required_bytes,
+    set_parent_death_signal,
     slab_required_bytes,
 )
 from lumenrt.native.layout import Layout
-from lumenrt.native.shm import SHM_PREFIX, clean_stale, create_shared, leftover_segments
+from lumenrt.native.shm import (
+    SHM_PREFIX,
+    PassedFd,
+    clean_stale,
+    create_shared,
+    create_unnamed,
+    leftover_segments,
+    map_passed,
+)
 
 
 def latches_required_bytes(n: int) -> int:
@@ -86,6 +95,7 @@ __all__ = [
     "Layout",
     "LrtError",
     "Notifier",
+    "PassedFd",
     "PoolExhausted",
     "Region",
     "Ring",
@@ -94,13 +104,16 @@ __all__ = [
     "bump_required_bytes",
     "clean_stale",
     "create_shared",
+    "create_unnamed",
     "hold_init",
     "hold_required_bytes",
     "latches_required_bytes",
     "leftover_segments",
     "make_ring",
+    "map_passed",
     "now_ns",
     "process_alive",
     "ring_required_bytes",
+    "set_parent_death_signal",
     "slab_required_bytes",
 ]

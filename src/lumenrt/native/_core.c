@@ -1,6 +1,7 @@
 /* lumenrt.native._core: the thin CPython binding over the native core (native/).
  *
- * Ownership: a Region owns its memory (an anonymous shared mapping or a named shm segment) and
+ * Ownership: a Region owns its mapping (anonymous shared, a named shm segment, or a file descriptor
+ * such as a memfd: map_fd maps it, and the caller keeps or closes the descriptor) and
  * exports it through the buffer protocol; every Ring/SlabPool/BumpArena/Notifier holds a buffer
  * export of its Region, so the memory cannot be unmapped while they exist (Region.close() raises
  * BufferError then, as mmap does). The lrt_* handles are freed in tp_dealloc.
@@ -15,6 +16,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 
 #include "lrt/lrt.h"
 
@@ -240,6 +242,26 @@ static PyObject *region_shm(PyObject *args, int create) {
     return (PyObject *)r;
 }
 
+/* map_fd(fd, size): a shared mapping of an open descriptor (a memfd that worker processes receive at
+ * spawn). Nothing is named, so nothing needs unlinking after a crash: the memory goes with the last
+ * mapping and descriptor. The descriptor stays the caller's. */
+static PyObject *region_map_fd(PyObject *cls, PyObject *args) {
+    int fd;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "in", &fd, &size)) return NULL;
+    if (size <= 0) return PyErr_Format(PyExc_ValueError, "size must be > 0, got %zd", size);
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
+    RegionObject *r = (RegionObject *)region_alloc();
+    if (!r) {
+        munmap(p, (size_t)size);
+        return NULL;
+    }
+    r->data = p;
+    r->size = size;
+    return (PyObject *)r;
+}
+
 static PyObject *region_create_shm(PyObject *cls, PyObject *args) { return region_shm(args, 1); }
 static PyObject *region_attach_shm(PyObject *cls, PyObject *args) { return region_shm(args, 0); }
 
@@ -299,6 +321,8 @@ static PyMethodDef region_methods[] = {
      "anonymous(size) -> Region: zeroed memory shared with children forked later"},
     {"create_shm", (PyCFunction)region_create_shm, METH_VARARGS | METH_CLASS,
      "create_shm(name, size) -> Region: create a named POSIX shared-memory segment (this process owns it)"},
+    {"map_fd", (PyCFunction)region_map_fd, METH_VARARGS | METH_CLASS,
+     "map_fd(fd, size) -> Region: a shared mapping of an open descriptor (e.g. a memfd); the descriptor stays yours"},
     {"attach_shm", (PyCFunction)region_attach_shm, METH_VARARGS | METH_CLASS,
      "attach_shm(name) -> Region: map a segment created by another process (never unlinks it)"},
     {"close", (PyCFunction)region_close, METH_NOARGS,
@@ -1482,6 +1506,14 @@ static PyObject *m_hold_init(PyObject *m, PyObject *args) {
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 }
+/* Linux: `sig` is sent to this process when the thread that created it exits (its parent's death). */
+static PyObject *m_set_parent_death_signal(PyObject *m, PyObject *arg) {
+    long sig = PyLong_AsLong(arg);
+    if (sig == -1 && PyErr_Occurred()) return NULL;
+    if (prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
 static PyObject *m_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(lrt_now_ns()); }
 
 static PyMethodDef module_methods[] = {
@@ -1494,6 +1526,8 @@ static PyMethodDef module_methods[] = {
     {"process_alive", m_process_alive, METH_VARARGS, "process_alive(pid, starttime=0) -> bool (zombies are dead)"},
     {"hold_required_bytes", m_hold_required_bytes, METH_O, "hold_required_bytes(capacity) -> bytes"},
     {"hold_init", m_hold_init, METH_VARARGS, "hold_init(buffer, offset, capacity): every entry finished"},
+    {"set_parent_death_signal", m_set_parent_death_signal, METH_O,
+     "set_parent_death_signal(sig): prctl(PR_SET_PDEATHSIG): sig arrives when the creating thread exits"},
     {"now_ns", m_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (same clock as time.monotonic_ns)"},
     {NULL}};
 

@@ -1,4 +1,11 @@
-"""Named shared-memory segments: naming, one owner, cleanup after crashes.
+"""Shared memory between the engine and its worker processes.
+
+Unnamed (preferred, process mode): ``create_unnamed`` makes a memfd and maps it; worker processes
+receive the descriptor when they are spawned (``PassedFd``) and map it too. Nothing is in
+/dev/shm, so nothing needs unlinking after any exit, SIGKILL included: the kernel frees the memory
+with the last mapping and descriptor.
+
+Named segments (``create_shared``; the demo and the queue benchmarks):
 
 Names are ``lumenrt.<owner pid>.<n>.<tag>``. The creating process owns a segment and is the only
 one that unlinks it (on ``Region.close()``, on garbage collection, or at interpreter exit); other
@@ -11,6 +18,7 @@ import contextlib
 import itertools
 import os
 import weakref
+from typing import Any
 
 from lumenrt.native._core import Region, clean_stale_shm, unlink_shm
 
@@ -31,6 +39,46 @@ def create_shared(size_bytes: int, tag: str = "seg") -> Region:
     _owned.add(region)
     _owned_names[name] = os.getpid()
     return region
+
+
+class PassedFd:
+    """A descriptor handed to a process started with multiprocessing's spawn: pickled while that
+    process starts, it travels as an inherited descriptor (multiprocessing's DupFd), so the
+    child gets its own descriptor of the same open file. The child owns (and closes) what it got."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        from multiprocessing import reduction
+
+        return (_passed_fd, (reduction.DupFd(self.fd),))
+
+
+def _passed_fd(dup: Any) -> PassedFd:
+    return PassedFd(dup.detach())
+
+
+def create_unnamed(size_bytes: int, tag: str = "seg") -> tuple[Region, int]:
+    """A shared mapping of a new memfd of ``size_bytes`` (zeroed), and the descriptor: keep it to
+    hand to processes started later (``PassedFd``), close it when none will be."""
+    fd = os.memfd_create(f"lumenrt.{tag}", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size_bytes)
+        return Region.map_fd(fd, size_bytes), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def map_passed(passed: PassedFd, size_bytes: int) -> Region:
+    """In the child: map the memory behind a descriptor it received, then close the descriptor."""
+    try:
+        return Region.map_fd(passed.fd, size_bytes)
+    finally:
+        os.close(passed.fd)
 
 
 def clean_stale(prefix: str = SHM_PREFIX) -> list[str]:

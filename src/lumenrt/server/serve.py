@@ -1,9 +1,13 @@
 """``lumenrt serve``: load a repository, listen on HTTP, gRPC and TCP, stop cleanly on a signal.
 
 Shutdown on SIGINT or SIGTERM (see ``ServerApp``): readiness turns false, new requests are
-refused (503), requests in flight finish within ``--grace-s``, then the engine stops its workers
-and unlinks its shared memory, and the process exits 0. A second signal during the drain skips
-the rest of the grace period.
+refused (503), no worker process is replaced any more, requests in flight finish within
+``--grace-s``, then the engine stops its workers and the process exits 0. A second signal during
+the drain skips the rest of the grace period.
+
+Other exits: process-mode workers share only unnamed memory with the server (nothing in /dev/shm)
+and die with it (parent-death signal), so even SIGKILL of the server leaves no process and no
+segment. Segments of older versions or of the demo whose owner died are swept at start.
 """
 
 import argparse
@@ -71,8 +75,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--workers", type=int, help="workers per model version (default: one per core)")
     eng.add_argument("--mode", choices=("thread", "process"), help="worker threads or worker processes")
     eng.add_argument("--queue-type", choices=("mpmc", "spsc", "naive", "batched"), help="request ring kind")
-    eng.add_argument("--allocator", choices=("lumen_arena", "standard"), help="where request tensors live")
-    eng.add_argument("--batch-size", type=int, help="max batch for models whose config does not say")
+    eng.add_argument(
+        "--allocator",
+        choices=("lumen_arena", "standard"),
+        help="where request tensors live: a pre-allocated arena slot, or a fresh numpy array per request "
+        "(thread mode only: process workers always use the shared arena)",
+    )
+    eng.add_argument(
+        "--batch-size",
+        type=int,
+        help="cap on rows per batch for every model: lowers each model's max_batch_size to it (requests "
+        "with more rows are refused with 400); default 0 = each model's own max_batch_size",
+    )
     eng.add_argument(
         "--spin-us",
         type=int,
@@ -151,6 +165,14 @@ async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits) -
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    from lumenrt.native import clean_stale
+
+    swept = clean_stale()
+    if swept:
+        print(
+            f"lumenrt serve: removed {len(swept)} stale shared-memory segment(s) of dead processes",
+            flush=True,
+        )
     print(f"lumenrt serve: loading models ({settings.label})", flush=True)
     try:
         engine = await loop.run_in_executor(
@@ -174,6 +196,7 @@ async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits) -
         print(f"lumenrt serve: ready, models: {', '.join(engine.models())}", flush=True)
         await stop.wait()
         print("lumenrt serve: shutting down (draining in-flight requests)", flush=True)
+        engine.begin_shutdown()
         drain = asyncio.ensure_future(app.shutdown())
         while not drain.done():
             before = signals
