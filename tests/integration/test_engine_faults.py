@@ -13,12 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from lumenrt.backends.base import Placement
 from lumenrt.engine import engine as engine_module
 from lumenrt.engine import worker as worker_module
 from lumenrt.engine.config import ConfigError
 from lumenrt.engine.engine import Engine, EngineConfig
-from lumenrt.engine.process_runtime import ProcessModelRuntime
+from lumenrt.engine.process_runtime import SPAWN, ProcessModelRuntime
+from lumenrt.engine.process_worker import WorkerSpec, worker_main
+from lumenrt.engine.repository import ModelRepository
 from lumenrt.engine.request import EngineError, InvalidInput, QueueFull, WorkerDied
+from lumenrt.native import PassedFd, create_unnamed
 from tests.integration import slow_model_state
 from tests.integration.test_engine import write_add_model, write_py_model
 
@@ -348,3 +352,33 @@ def test_no_replacement_once_shutdown_began(repo: Path) -> None:
         assert not t.is_alive() and isinstance(out[0], WorkerDied), out
         wait_until(lambda: rt.worker_deaths == 1, f"the death reported ({rt.statistics()})")
         assert rt.statistics()["pids"][0] == pid and not engine.ready("paced")
+
+
+def test_worker_whose_engine_died_before_it_armed_exits_at_once(repo: Path) -> None:
+    """The parent-death signal only covers a parent that dies after it is armed: a worker that
+    finds another parent (its engine died while it started) exits before touching anything."""
+    lm = ModelRepository(repo).load("add")[0]
+    region, fd = create_unnamed(4096, tag="t")
+    try:
+        spec = WorkerSpec(
+            memory=PassedFd(fd),
+            memory_bytes=4096,
+            parent_pid=os.getpid() + 1_000_000,  # not our pid: as if the engine were gone
+            offsets={},
+            config=lm.config,
+            model_path=lm.model_path,
+            placement=Placement(cores=()),
+            index=0,
+            n_workers=1,
+            pin=False,
+            hold_capacity=1,
+            hold_bytes=64,
+            table_size=1,
+        )
+        proc = SPAWN.Process(target=worker_main, args=(spec,))
+        proc.start()
+        proc.join(HANG_S)
+        assert proc.exitcode == 0  # offsets {} would raise KeyError had it gone on
+    finally:
+        region.close()
+        os.close(fd)

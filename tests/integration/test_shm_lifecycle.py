@@ -1,5 +1,6 @@
 """Named shared memory: one owner unlinks; attachers and dead processes leave nothing behind;
-stale segments of crashed owners are found and removed."""
+stale segments of crashed owners are found and removed. Unnamed shared memory (a memfd handed to
+spawned children): shared both ways, never in /dev/shm."""
 
 import multiprocessing
 import os
@@ -9,11 +10,14 @@ import pytest
 
 from lumenrt.native import (
     SHM_PREFIX,
+    PassedFd,
     Region,
     Ring,
     clean_stale,
     create_shared,
+    create_unnamed,
     leftover_segments,
+    map_passed,
     ring_required_bytes,
 )
 
@@ -32,6 +36,38 @@ def attach_and_die(name: str) -> None:
     region = Region.attach_shm(name)
     Ring.attach(region).push(7)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def map_and_push(passed: PassedFd, size: int, value: int) -> None:
+    region = map_passed(passed, size)
+    Ring.attach(region).push(value)
+    os.kill(os.getpid(), signal.SIGKILL)  # no clean exit: nothing is left behind either way
+
+
+def test_unnamed_memory_is_shared_with_a_spawned_child_and_never_named() -> None:
+    before = set(leftover_segments())
+    size = ring_required_bytes(16)
+    region, fd = create_unnamed(size, tag="t0")
+    try:
+        assert region.name is None and set(leftover_segments()) == before
+        ring = Ring.create(region, "mpmc", 16)
+        child = SPAWN.Process(target=map_and_push, args=(PassedFd(fd), size, 41))
+        child.start()
+        child.join(60)
+        assert child.exitcode == -signal.SIGKILL
+        assert ring.pop(timeout_s=5).request_id == 41  # type: ignore[union-attr]
+        del ring
+    finally:
+        region.close()
+        os.close(fd)
+    assert set(leftover_segments()) == before
+
+
+def test_map_fd_refuses_bad_sizes_and_descriptors() -> None:
+    with pytest.raises(ValueError, match="size"):
+        Region.map_fd(0, 0)
+    with pytest.raises(OSError):
+        Region.map_fd(-1, 4096)
 
 
 def test_spawned_process_attaches_by_name_and_owner_unlinks() -> None:

@@ -205,11 +205,9 @@ static PyObject *region_alloc(void) {
     return (PyObject *)r;
 }
 
-static PyObject *region_anonymous(PyObject *cls, PyObject *arg) {
-    Py_ssize_t size = PyLong_AsSsize_t(arg);
-    if (size == -1 && PyErr_Occurred()) return NULL;
-    if (size <= 0) return PyErr_Format(PyExc_ValueError, "size must be > 0, got %zd", size);
-    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+/* A Region over a new shared mapping of `size` bytes (fd -1: anonymous). */
+static PyObject *region_map(Py_ssize_t size, int flags, int fd) {
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, flags, fd, 0);
     if (p == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
     RegionObject *r = (RegionObject *)region_alloc();
     if (!r) {
@@ -219,6 +217,13 @@ static PyObject *region_anonymous(PyObject *cls, PyObject *arg) {
     r->data = p;
     r->size = size;
     return (PyObject *)r;
+}
+
+static PyObject *region_anonymous(PyObject *cls, PyObject *arg) {
+    Py_ssize_t size = PyLong_AsSsize_t(arg);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    if (size <= 0) return PyErr_Format(PyExc_ValueError, "size must be > 0, got %zd", size);
+    return region_map(size, MAP_SHARED | MAP_ANONYMOUS, -1);
 }
 
 static PyObject *region_shm(PyObject *args, int create) {
@@ -250,16 +255,7 @@ static PyObject *region_map_fd(PyObject *cls, PyObject *args) {
     Py_ssize_t size;
     if (!PyArg_ParseTuple(args, "in", &fd, &size)) return NULL;
     if (size <= 0) return PyErr_Format(PyExc_ValueError, "size must be > 0, got %zd", size);
-    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
-    RegionObject *r = (RegionObject *)region_alloc();
-    if (!r) {
-        munmap(p, (size_t)size);
-        return NULL;
-    }
-    r->data = p;
-    r->size = size;
-    return (PyObject *)r;
+    return region_map(size, MAP_SHARED, fd);
 }
 
 static PyObject *region_create_shm(PyObject *cls, PyObject *args) { return region_shm(args, 1); }
