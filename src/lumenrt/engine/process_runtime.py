@@ -129,6 +129,15 @@ class ProcessModelRuntime:
         table_size = self._max_queue + 2 * max_rows * len(placements)
         slot_bytes = max(slot_bytes_needed(config, max_rows) or options.arena_slot_bytes, 4096)
         n_slots = max(1, min(table_size, options.arena_slots, ARENA_BUDGET_BYTES // slot_bytes))
+        if ARENA_BUDGET_BYTES // slot_bytes < min(self._max_queue, options.arena_slots):
+            log.warning(  # the size cap binds before the configured limits: said once at load
+                "model %r (process mode): %d MiB of arena hold only %d requests of %d bytes "
+                "(max_batch_size rows of every tensor); requests beyond get 503 'arena full'",
+                config.name,
+                ARENA_BUDGET_BYTES >> 20,
+                n_slots,
+                slot_bytes,
+            )
         self._hold_capacity = 4 * max_rows + 16  # unfinished at once <= a batch + its carry-over
         hold_bytes = (hold_required_bytes(self._hold_capacity) + 63) & ~63
         n = len(placements)
