@@ -1,6 +1,7 @@
 """Server config: the seed's engine keys keep working, defaults follow the usable cores, overrides
 win over the file, and every broken value is refused naming the file and the field."""
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -11,9 +12,11 @@ from lumenrt.engine.config import ConfigError
 from lumenrt.engine.server_config import (
     DEFAULT_ARENA_SLOT_BYTES,
     DEFAULT_ARENA_SLOTS,
+    ENGINE_KEYS,
     EngineConfig,
     load_engine_config,
 )
+from lumenrt.server.serve import add_arguments as add_serve_arguments
 
 USABLE = tuple(sorted(os.sched_getaffinity(0)))
 
@@ -165,3 +168,13 @@ def test_defaults_replace_built_in_defaults_but_not_the_file_or_overrides(tmp_pa
     path.write_text("engine: {spin_us: 30}\n")
     assert load_engine_config(path, None, defaults={"spin_us": 0}).spin_us == 30
     assert load_engine_config(path, {"spin_us": 7}, defaults={"spin_us": 0}).spin_us == 7
+
+
+def test_every_engine_key_is_explained_in_serve_help_and_the_readme() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    text = parser.format_help()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for key in ENGINE_KEYS:
+        assert f"\n  {key} " in text, f"lumenrt serve --help does not explain engine.{key}"
+        assert f"| `{key}`" in readme, f"the README's server config table lacks engine.{key}"

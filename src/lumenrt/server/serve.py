@@ -47,8 +47,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "  lumenrt serve                                  built-in models on 127.0.0.1:8000/8001/8003\n"
         "  lumenrt serve --repository ./models --mode process --workers 2\n"
         "  lumenrt serve --http-port 0 --grpc-port off    any free HTTP port, no gRPC\n"
-        "\nOn SIGINT/SIGTERM: readiness false, new requests refused (503), in-flight requests finish\n"
-        "within --grace-s, workers stop, shared memory is removed, exit 0."
+        "\nOn SIGINT/SIGTERM: readiness false, new requests refused (503), no worker replaced, in-flight\n"
+        "requests finish within --grace-s, workers stop, exit 0. On SIGKILL, process-mode workers die\n"
+        "with the server and nothing is left in /dev/shm.\n"
+        "\n--config file keys (section 'engine'; the flags above override them):\n"
+        "  queue_type        mpmc | spsc (one worker) | naive | batched             (--queue-type)\n"
+        "  allocator_type    lumen_arena | standard (thread mode only)              (--allocator)\n"
+        "  thread_count      workers per model version; 0 = one per core            (--workers)\n"
+        "  batch_size        cap on rows per batch for every model; 0 = no cap      (--batch-size)\n"
+        "  worker_mode       thread | process                                       (--mode)\n"
+        "  pin               pin each worker to one core                            (--no-pin)\n"
+        "  cores             the cores workers are placed on (default: all usable)\n"
+        "  arena_slot_bytes  thread mode: input arena slot size (default 1 MiB)\n"
+        "  arena_slots       arena slots per model version (default 256)\n"
+        "  spin_us           poll this long before sleeping                         (--spin-us)"
     )
     where = p.add_argument_group("where to listen")
     where.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
