@@ -25,7 +25,8 @@ Invariants
 
 Shutdown order
   1. stopping = closed = True (ingress refuses, no replacement), close the request ring;
-  2. workers drain the ring and exit; wait for them (kill after the grace period);
+  2. kill workers still loading (they hold nothing); the others drain the ring and exit; wait for
+     them (kill after the grace period);
   3. stop the supervisor (it reaps the workers and fails what any killed one held); close the
      completion ring; the completion thread drains and ends;
   4. fail whatever is still unanswered; close the descriptor and unmap.
@@ -278,6 +279,9 @@ class ProcessModelRuntime:
             return
         self.stopping = self.closed = True
         self.ring.close()
+        for i, p in enumerate(self._procs):  # still loading: it holds no request, and would only
+            if p is not None and p.pid is not None and self._status[i, 1] == STARTING:  # see the
+                p.kill()  # closed ring once its model has loaded
         self._wait_workers(timeout_s)
         for p in self._procs:
             if p is not None and p.pid is not None and not multiprocessing.connection.wait([p.sentinel], 0):

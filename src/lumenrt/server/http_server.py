@@ -34,6 +34,7 @@ import json
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import unquote
@@ -136,6 +137,7 @@ class HttpConnection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self._queue: deque[HttpRequest] = deque()
         self._busy = False
+        self._task: asyncio.Task[None] | None = None  # the request being answered
         self._paused = False
         self._closing = False
         # the message being parsed
@@ -311,8 +313,7 @@ class HttpConnection(asyncio.Protocol):
                 self._write(result, req.keep_alive, req.http_10)
                 continue
             self._busy = True
-            task = self.loop.create_task(result)
-            task.add_done_callback(lambda t, r=req: self._finished(t, r))  # type: ignore[misc]
+            self._task = self.loop.create_task(self._respond(result, req))  # referenced while it runs
             return
         if self._continue_owed:
             self._continue_owed = False
@@ -321,13 +322,17 @@ class HttpConnection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
-    def _finished(self, task: "asyncio.Task[Response]", req: HttpRequest) -> None:
-        self._busy = False
-        if task.cancelled():
+    async def _respond(self, pending: Awaitable[Response], req: HttpRequest) -> None:
+        """Await the engine's answer and write it in the same step: the service counts the request
+        in flight until then, so a drain that sees no request in flight has every answer written
+        (a done-callback would write one loop pass later, after the connections were closed)."""
+        try:
+            response = await pending
+        except asyncio.CancelledError:
             response = error_response(ServerError(503, "request cancelled: server shutting down"))
-        else:
-            exc = task.exception()
-            response = error_response(as_server_error(exc)) if exc is not None else task.result()
+        except Exception as exc:
+            response = error_response(as_server_error(exc))
+        self._busy = False
         self._write(response, req.keep_alive, req.http_10)
         self._next()
 
