@@ -10,12 +10,10 @@ dependencies, and fails saying so when it cannot. pip's cache makes reruns fast.
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from lumenrt.bench.serve_process import ServeProcess, start_serve
 from lumenrt.extras import EXTRA_MODULES
 from lumenrt.native import SHM_PREFIX, leftover_segments
 
@@ -32,7 +31,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 900
 INSTALL_TIMEOUT_S = 1200
 COMMAND_TIMEOUT_S = 120
-START_TIMEOUT_S = 180  # the first start builds the built-in models (about a second each)
 STOP_TIMEOUT_S = 60
 # Modules that only the test and dev extras bring: absent from a plain install too.
 TOOL_MODULES = ("pytest", "hypothesis", "selenium", "mypy", "ruff")
@@ -151,57 +149,23 @@ def test_pytorch_model_without_torch_names_the_extra(plain: PlainInstall) -> Non
     assert "Traceback" not in out.stderr
 
 
-@dataclass
-class Served:
-    proc: "subprocess.Popen[str]"
-    ports: dict[str, int]
-    lines: list[str]
-
-
 @pytest.fixture
-def served(plain: PlainInstall) -> Iterator[Served]:
+def served(plain: PlainInstall) -> Iterator[ServeProcess]:
     """``lumenrt serve`` of the plain install: digits_mlp, every front end on a free port."""
-    proc = subprocess.Popen(
-        [
-            str(plain.bin / "lumenrt"), "serve", "--models", "digits_mlp", "--workers", "1",
-            "--http-port", "0", "--grpc-port", "0", "--tcp-port", "0",
-        ],
-        cwd=plain.root,
-        env=plain.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    server = start_serve(
+        "--models", "digits_mlp", "--workers", "1",
+        command=[str(plain.bin / "lumenrt")], env=plain.env, cwd=plain.root,
     )  # fmt: skip
-    lines: list[str] = []
-    ports: dict[str, int] = {}
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("lumenrt serve: listening"):
-                ports.update({k: int(v) for k, v in re.findall(r"(\w+)=[\d.]+:(\d+)", line)})
-            if line.startswith("lumenrt serve: ready"):
-                ready.set()
-        ready.set()  # it exited: stop waiting
-
-    reader = threading.Thread(target=read, name="plain-serve-output", daemon=True)
-    reader.start()
     try:
-        assert ready.wait(START_TIMEOUT_S) and proc.poll() is None, "never ready:\n" + "\n".join(lines)
-        yield Served(proc, ports, lines)
+        yield server
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(STOP_TIMEOUT_S)
-        reader.join(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
-        assert leftover_segments(f"{SHM_PREFIX}{proc.pid}.") == []
+        if server.proc.poll() is None:
+            server.proc.kill()
+        server.stop(STOP_TIMEOUT_S)
+        assert leftover_segments(f"{SHM_PREFIX}{server.proc.pid}.") == []
 
 
-def test_plain_install_serves_a_builtin_model(plain: PlainInstall, served: Served) -> None:
+def test_plain_install_serves_a_builtin_model(plain: PlainInstall, served: ServeProcess) -> None:
     pixels = [float((i * 7) % 17) for i in range(2 * 64)]
     body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [2, 64], "data": pixels}]}
     request = urllib.request.Request(

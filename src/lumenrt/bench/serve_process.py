@@ -55,12 +55,17 @@ class ServeProcess:
 
 
 def start_serve(
-    *args: str, ports: dict[str, int] | None = None, env: dict[str, str] | None = None
+    *args: str,
+    ports: dict[str, int] | None = None,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> ServeProcess:
     """Start ``lumenrt serve ARGS`` (every front end on a free port unless ``ports`` says) and wait
-    until it is ready. Raises RuntimeError with its output if it exits or never gets ready."""
+    until it is ready. ``command``: the ``lumenrt`` to run (default: this interpreter's). Raises
+    RuntimeError with its output if it exits or never gets ready."""
     chosen = {"http": 0, "grpc": 0, "tcp": 0, **(ports or {})}
-    cmd = [sys.executable, "-m", "lumenrt.cli", "serve"]
+    cmd = [*(command or [sys.executable, "-m", "lumenrt.cli"]), "serve"]
     for name, port in chosen.items():
         cmd += [f"--{name}-port", str(port)]
     proc = subprocess.Popen(
@@ -69,6 +74,7 @@ def start_serve(
         stderr=subprocess.STDOUT,
         text=True,
         env=env if env is not None else dict(os.environ),
+        cwd=cwd,
     )
     lines: list[str] = []
     ready = threading.Event()
