@@ -169,7 +169,6 @@ class Engine:
     def load(self, name: str) -> None:
         """Load (or reload) every version the model's version policy selects."""
         loaded = self.repository.load(name)
-        self._prune()
         fresh: dict[int, AnyRuntime] = {}
         runtime_class = ProcessModelRuntime if self.settings.worker_mode == "process" else ModelRuntime
         try:
@@ -326,8 +325,7 @@ class Engine:
         is queued still runs, and a worker that dies still fails what it held at once."""
         for versions in self._runtimes.values():
             for rt in versions.values():
-                if isinstance(rt, ProcessModelRuntime):
-                    rt.begin_shutdown()
+                rt.begin_shutdown()
 
     def _finish(self, rt: "AnyRuntime", req: InferRequest) -> InferResult:
         try:

@@ -235,6 +235,9 @@ class ModelRuntime:
     def ready(self) -> bool:
         return not self.closed and all(w.alive and w.ready.is_set() for w in self.workers)
 
+    def begin_shutdown(self) -> None:
+        """Shutdown began: nothing to stop here (thread workers are never replaced)."""
+
     def close(self, timeout_s: float = 30) -> None:
         """Stop taking requests, let the workers finish what is queued, join them."""
         self.closed = True
