@@ -66,9 +66,12 @@ REASONS = {
     411: "Length Required",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
+    417: "Expectation Failed",
     431: "Request Header Fields Too Large",
     499: "Client Closed Request",
     500: "Internal Server Error",
+    501: "Not Implemented",
     503: "Service Unavailable",
     504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
 }

@@ -51,7 +51,6 @@ MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading p
 HEADER_LENGTH = b"inference-header-content-length"
 _JSON = b"application/json"
 _OCTETS = b"application/octet-stream"
-_REASONS = {**REASONS, 417: "Expectation Failed", 501: "Not Implemented", 505: "HTTP Version Not Supported"}
 
 
 @dataclass(slots=True)
@@ -352,7 +351,7 @@ class HttpConnection(asyncio.Protocol):
             b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
             % (
                 response.status,
-                _REASONS.get(response.status, "Unknown").encode(),
+                REASONS.get(response.status, "Unknown").encode(),
                 response.content_type,
                 length,
             )
