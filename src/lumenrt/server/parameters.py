@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lumenrt.server.errors import bad_request
+from lumenrt.server.tcp_protocol import MAX_TIMEOUT_US  # its u32 timeout field: one cap for every front end
 
 TIMING_PARAMETER = "lumenrt_timing"  # request parameter: true -> response carries server stage times
-# The TCP protocol's u32 timeout field holds at most this (about 71.6 min): one cap for every front end.
-MAX_TIMEOUT_US = (1 << 32) - 1
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 
