@@ -1,7 +1,9 @@
-"""The pure parts of benchmarks/peers/run.py: rows from a load summary and from perf_analyzer figures,
-the markdown table and its marks, and the small builders around them (no server is started)."""
+"""The pure parts of benchmarks/peers/ (run.py and the modules it imports): rows from a load summary
+and from perf_analyzer figures, the markdown table and its marks, and the small builders around them
+(no server is started)."""
 
 import base64
+import importlib
 import importlib.util
 import io
 import itertools
@@ -17,15 +19,27 @@ import pytest
 from lumenrt.bench import triton_peer
 from lumenrt.bench.perf_analyzer import parse_perf_analyzer_csv
 
-RUN_PY = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "run.py"
+PEERS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
+RUN_PY = PEERS_DIR / "run.py"
+
+
+def _import_peers_module(name: str) -> ModuleType:
+    """benchmarks/ is not an installed package and the modules in benchmarks/peers import each other by
+    plain name (run.py's folder comes first on sys.path when it runs as a script): the same here."""
+    if str(PEERS_DIR) not in sys.path:
+        sys.path.insert(0, str(PEERS_DIR))
+    module = importlib.import_module(name)
+    assert Path(module.__file__ or "").parent == PEERS_DIR, f"{name} is not benchmarks/peers/{name}.py"
+    return module
 
 
 def _load_run_module() -> ModuleType:
-    """benchmarks/ is not an installed package: import run.py by path (registered first, as dataclasses
-    look their module up in sys.modules)."""
+    """run.py is a script: import it by path (registered first, as dataclasses look their module up in
+    sys.modules), after its folder is on sys.path for the modules it imports."""
     name = "benchmarks_peers_run"
     if name in sys.modules:
         return sys.modules[name]
+    _import_peers_module("common")
     spec = importlib.util.spec_from_file_location(name, RUN_PY)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -35,6 +49,12 @@ def _load_run_module() -> ModuleType:
 
 
 run = _load_run_module()
+common = _import_peers_module("common")
+venvs = _import_peers_module("venvs")
+models = _import_peers_module("models")
+servers = _import_peers_module("servers")
+drivers = _import_peers_module("drivers")
+table = _import_peers_module("table")
 
 
 def _summary(concurrency: int, throughput_per_s: float, p99_us: float, errors: int = 0) -> dict[str, Any]:
@@ -66,7 +86,7 @@ def _row(peer: str, model: str, c: int, driver: str, protocol: str, tp: float, p
 
 
 def test_row_from_summary_takes_the_documented_fields() -> None:
-    row = run.row_from_summary("triton", "squeezenet", "http", _summary(4, 250.6349, 12345.0, errors=2))
+    row = drivers.row_from_summary("triton", "squeezenet", "http", _summary(4, 250.6349, 12345.0, errors=2))
     assert row == {
         "peer": "triton",
         "model": "squeezenet",
@@ -80,7 +100,7 @@ def test_row_from_summary_takes_the_documented_fields() -> None:
         "p99_us": 12345.0,
         "errors": 2,
     }
-    assert tuple(row) == run.ROW_KEYS
+    assert tuple(row) == drivers.ROW_KEYS
 
 
 def test_row_from_perf_analyzer_csv_figures(tmp_path: Path) -> None:
@@ -93,7 +113,7 @@ def test_row_from_perf_analyzer_csv_figures(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     figures = parse_perf_analyzer_csv(csv_path, 2)
-    row = run.row_from_perf_analyzer("lumenrt", "digits_mlp", figures)
+    row = drivers.row_from_perf_analyzer("lumenrt", "digits_mlp", figures)
     assert row == {
         "peer": "lumenrt",
         "model": "digits_mlp",
@@ -107,11 +127,11 @@ def test_row_from_perf_analyzer_csv_figures(tmp_path: Path) -> None:
         "p99_us": 5300.0,
         "errors": 0,
     }
-    assert tuple(row) == run.ROW_KEYS
+    assert tuple(row) == drivers.ROW_KEYS
 
 
 def _table_rows() -> list[dict[str, Any]]:
-    pa, load = run.PA_DRIVER, run.LOAD_DRIVER
+    pa, load = common.PA_DRIVER, common.LOAD_DRIVER
     return [
         _row("lumenrt", "squeezenet", 1, pa, "http", 110.0, 9000.0),
         _row("lumenrt", "squeezenet", 4, pa, "http", 240.0, 24000.0),
@@ -132,7 +152,7 @@ def _table_lines(text: str) -> list[list[str]]:
 
 
 def test_markdown_table_columns_follow_peer_order_then_first_appearance() -> None:
-    header = _table_lines(run.markdown_table(_table_rows()))[0]
+    header = _table_lines(table.markdown_table(_table_rows()))[0]
     assert header == [
         "model", "concurrency",
         "lumenrt http (pa) /s", "lumenrt http (pa) p99 ms", "lumenrt tcp /s", "lumenrt tcp p99 ms",
@@ -142,7 +162,7 @@ def test_markdown_table_columns_follow_peer_order_then_first_appearance() -> Non
 
 
 def test_markdown_table_marks_best_throughput_at_c4_and_lowest_p99_per_concurrency() -> None:
-    lines = _table_lines(run.markdown_table(_table_rows()))
+    lines = _table_lines(table.markdown_table(_table_rows()))
     body = {(line[0], line[1]): line[2:] for line in lines[2:]}
     assert set(body) == {("squeezenet", "1"), ("squeezenet", "4"), ("digits_mlp", "1"), ("digits_mlp", "4")}
     # squeezenet c1: no throughput mark (not concurrency 4); lowest p99 is lumenrt tcp (8.00 ms)
@@ -157,31 +177,31 @@ def test_markdown_table_marks_best_throughput_at_c4_and_lowest_p99_per_concurren
 
 def test_best_marks_marks_every_tie() -> None:
     rows = [
-        _row("lumenrt", "m", 4, run.LOAD_DRIVER, "tcp", 100.0, 5000.0),
-        _row("triton", "m", 4, run.LOAD_DRIVER, "http", 100.0, 5000.0),
+        _row("lumenrt", "m", 4, common.LOAD_DRIVER, "tcp", 100.0, 5000.0),
+        _row("triton", "m", 4, common.LOAD_DRIVER, "http", 100.0, 5000.0),
     ]
-    best_tp, low_p99 = run.best_marks(rows)
+    best_tp, low_p99 = table.best_marks(rows)
     assert best_tp == {("m", "lumenrt tcp"), ("m", "triton http")}
     assert low_p99 == {("m", 4, "lumenrt tcp"), ("m", 4, "triton http")}
 
 
 def test_markdown_table_shows_errors_and_missing_figures() -> None:
-    row = _row("mlserver", "m", 1, run.LOAD_DRIVER, "grpc", 50.0, 1000.0)
+    row = _row("mlserver", "m", 1, common.LOAD_DRIVER, "grpc", 50.0, 1000.0)
     row["errors"], row["p99_us"] = 3, None
-    lines = _table_lines(run.markdown_table([row]))
+    lines = _table_lines(table.markdown_table([row]))
     assert lines[2] == ["m", "1", "50.0 (3 err)", "-"]
 
 
 def test_parse_load_json_skips_text_before_the_summary() -> None:
     summary = _summary(1, 10.0, 100.0)
-    assert run.parse_load_json("connecting ...\n" + json.dumps(summary, indent=2)) == summary
+    assert drivers.parse_load_json("connecting ...\n" + json.dumps(summary, indent=2)) == summary
     with pytest.raises(ValueError):
-        run.parse_load_json("no summary here")
+        drivers.parse_load_json("no summary here")
 
 
 def test_perf_analyzer_input_carries_the_same_bytes_as_the_npz() -> None:
     x = np.arange(2 * 64, dtype=np.float32).reshape(2, 64)[:1]  # batch 1
-    data = run.perf_analyzer_input({"input": x})
+    data = models.perf_analyzer_input({"input": x})
     assert list(data) == ["data"] and len(data["data"]) == 1
     raw = base64.b64decode(data["data"][0]["input"]["b64"])
     buf = io.BytesIO()
@@ -191,9 +211,9 @@ def test_perf_analyzer_input_carries_the_same_bytes_as_the_npz() -> None:
 
 
 def test_load_command_passes_the_shared_settings() -> None:
-    settings = run.LoadSettings(duration_s=10, warmup_s=2, timeout_s=30, processes=1, pa_window_ms=3333,
+    settings = drivers.LoadSettings(duration_s=10, warmup_s=2, timeout_s=30, processes=1, pa_window_ms=3333,
                                 pa_stability_pct=25, pa_max_trials=6)  # fmt: skip
-    cmd = run.load_command("tcp://127.0.0.1:9", "squeezenet", 4, settings, Path("in.npz"), Path("out"),
+    cmd = drivers.load_command("tcp://127.0.0.1:9", "squeezenet", 4, settings, Path("in.npz"), Path("out"),
                            "label", "http://127.0.0.1:8")  # fmt: skip
     assert cmd[:5] == [sys.executable, "-m", "lumenrt.cli", "bench", "load"]
     pairs = dict(itertools.pairwise(cmd))
@@ -202,20 +222,33 @@ def test_load_command_passes_the_shared_settings() -> None:
     assert pairs["--input-file"] == "in.npz" and pairs["--out"] == "out"
     assert pairs["--metadata-url"] == "http://127.0.0.1:8"
     assert "--no-stages" in cmd and "--json" in cmd
-    assert "--metadata-url" not in run.load_command("http-raw://h:1/p", "m", 1, settings, Path("x.npz"),
+    assert "--metadata-url" not in drivers.load_command("http-raw://h:1/p", "m", 1, settings, Path("x.npz"),
                                                     Path("o"), "l", None)  # fmt: skip
 
 
+def test_run_py_turns_its_flags_into_settings_and_an_estimate() -> None:
+    args = run.build_parser().parse_args(["--quick", "--peers", "lumenrt,fastapi"])
+    settings, concurrency = run.load_settings(args)
+    assert isinstance(settings, drivers.LoadSettings)  # run.py and this test share benchmarks/peers' modules
+    assert concurrency == [1, 4] and (settings.warmup_s, settings.duration_s) == (1.0, 3.0)
+    assert settings.pa_window_ms == 1000
+    # per concurrency: lumenrt perf_analyzer 4 x 1 s + 2, its tcp and http load runs 1 + 3 + 1.5 s each,
+    # fastapi one load run; 15 s per server start
+    assert run.estimate_s(args.peers, 1, len(concurrency), settings) == pytest.approx(
+        (6.0 + 2 * 5.5) * 2 + 15 + 5.5 * 2 + 15
+    )
+
+
 def test_venv_marker_records_the_pins(tmp_path: Path) -> None:
-    spec = run.VenvSpec("fastapi", tmp_path / "venv", ("b==2", "a==1"), ("a", "b"))
-    assert not run.venv_is_current(spec)  # no interpreter
+    spec = venvs.VenvSpec("fastapi", tmp_path / "venv", ("b==2", "a==1"), ("a", "b"))
+    assert not venvs.venv_is_current(spec)  # no interpreter
     (spec.path / "bin").mkdir(parents=True)
     (spec.path / "bin" / "python").write_text("")
-    assert not run.venv_is_current(spec)  # no marker
-    (spec.path / run.MARKER_NAME).write_text(run.marker_text(spec.pins))
-    assert run.venv_is_current(spec)
-    changed = run.VenvSpec("fastapi", spec.path, ("a==1", "b==3"), ("a", "b"))
-    assert not run.venv_is_current(changed)  # a pin change reinstalls
+    assert not venvs.venv_is_current(spec)  # no marker
+    (spec.path / venvs.MARKER_NAME).write_text(venvs.marker_text(spec.pins))
+    assert venvs.venv_is_current(spec)
+    changed = venvs.VenvSpec("fastapi", spec.path, ("a==1", "b==3"), ("a", "b"))
+    assert not venvs.venv_is_current(changed)  # a pin change reinstalls
 
 
 def test_mlserver_model_settings_describe_the_model() -> None:
@@ -226,12 +259,12 @@ def test_mlserver_model_settings_describe_the_model() -> None:
         outputs=({"name": "probabilities", "datatype": "FP32", "dims": [10]},
                  {"name": "label", "datatype": "INT64", "dims": []}),
     )  # fmt: skip
-    settings = run.mlserver_model_settings(model)
+    settings = servers.mlserver_model_settings(model)
     assert settings["implementation"] == "mlserver_onnx.OnnxRuntimeModel"
     assert settings["parameters"]["uri"] == "/m/model.onnx"
     assert settings["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
     assert settings["outputs"][1] == {"name": "label", "datatype": "INT64", "shape": [-1]}
-    assert run.mlserver_settings(1, 2, 3)["parallel_workers"] == run.SESSIONS
+    assert servers.mlserver_settings(1, 2, 3)["parallel_workers"] == common.SESSIONS
 
 
 def test_triton_peer_reads_tensors_and_preferred_sizes() -> None:
