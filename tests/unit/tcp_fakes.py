@@ -18,7 +18,15 @@ from lumenrt.server.service import InferenceService, ServeLimits
 from lumenrt.server.tcp_server import TcpConnection, TcpFrontEnd
 
 
+class NoLane:
+    """A runtime without an inline lane: every request goes through the (fake) engine."""
+
+    active = False
+
+
 class FakeRuntime:
+    lane = NoLane()
+
     def __init__(self) -> None:
         self.config = ModelConfig(
             name="double",

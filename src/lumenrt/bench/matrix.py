@@ -1,7 +1,7 @@
 """``lumenrt bench matrix``: the seed's architecture table, reproduced through the real server.
 
-For each configuration (queue_type x allocator_type x worker mode x batch size, 2 workers, spsc 1
-as it has one consumer; plus one-worker mpmc rows) it starts ``lumenrt serve`` with it, drives the model over the binary TCP protocol
+For each configuration (queue_type x allocator_type x worker mode x batch size x lane, 2 workers,
+spsc 1 as it has one consumer; plus one-worker mpmc rows) it starts ``lumenrt serve`` with it, drives the model over the binary TCP protocol
 with the load generator of ``lumenrt bench load`` (this process, separate from the server):
 
 - ``fixed``: open loop at one offered rate for every row (default: half the raw limit), so latency
@@ -35,6 +35,7 @@ from lumenrt.bench.serve_process import start_serve
 QUEUE_TYPES = ("mpmc", "spsc", "naive", "batched")
 ALLOCATORS = ("lumen_arena", "standard")
 MODES = ("thread", "process")
+LANES = ("queue", "inline", "auto")  # engine/lane.py; default rows: auto, what `lumenrt serve` uses
 BATCH_SIZES = (1, 8)
 WORKERS = 2
 
@@ -46,10 +47,11 @@ class Config:
     mode: str
     workers: int
     batch_size: int
+    lane: str = "auto"
 
     @property
     def label(self) -> str:
-        return f"{self.queue_type}/{self.allocator_type}/{self.mode}/w{self.workers}/b{self.batch_size}"
+        return f"{self.queue_type}/{self.allocator_type}/{self.mode}/w{self.workers}/b{self.batch_size}/{self.lane}"
 
     def serve_args(self) -> list[str]:
         return [
@@ -61,6 +63,8 @@ class Config:
             self.mode,
             "--workers",
             str(self.workers),
+            "--lane",
+            self.lane,
         ]
 
 
@@ -68,12 +72,16 @@ def configs(args: argparse.Namespace) -> list[Config]:
     """Every served combination. ``standard`` with process workers is no configuration (the engine
     refuses it: process workers always read requests from the shared arena), so it has no row."""
     rows = [
-        Config(q, a, m, 1 if q == "spsc" else WORKERS, b)  # spsc has one consumer: one worker
-        for q, a, m, b in itertools.product(args.queue_types, args.allocators, args.modes, args.batch_sizes)
+        Config(q, a, m, 1 if q == "spsc" else WORKERS, b, lane)  # spsc has one consumer: one worker
+        for q, a, m, b, lane in itertools.product(
+            args.queue_types, args.allocators, args.modes, args.batch_sizes, args.lanes
+        )
         if not (a == "standard" and m == "process")
     ]
     if args.single_worker:  # the seed's "one worker: half the throughput", on the default architecture
-        rows += [Config("mpmc", "lumen_arena", m, 1, max(args.batch_sizes)) for m in args.modes]
+        rows += [
+            Config("mpmc", "lumen_arena", m, 1, max(args.batch_sizes), args.lanes[0]) for m in args.modes
+        ]
     return rows
 
 
@@ -131,6 +139,7 @@ def _row(
         "mode": config.mode,
         "workers": config.workers,
         "batch_size": config.batch_size,
+        "lane": config.lane,
         "load": load,
         "throughput_per_s": throughput,
         "ratio_to_raw": round(throughput / raw_per_s, 3) if raw_per_s else None,
@@ -155,15 +164,15 @@ def format_table(doc: dict[str, Any]) -> str:
         f"architecture matrix, model {doc['model']}: raw limit {raw.get('throughput_per_s') or 0:.1f}/s "
         f"({raw.get('threads')} ONNX Runtime threads); fixed load {doc['fixed_rate_per_s']:.0f}/s open loop, "
         f"saturation {doc['saturation_concurrency']} clients closed loop",
-        "| queue | allocator | mode | workers | batch | load | throughput/s | x raw | p50 ms | p99 ms | p99.9 ms "
-        "| compute ms | mean batch | errors |",
-        "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| queue | allocator | mode | workers | batch | lane | load | throughput/s | x raw | p50 ms | p99 ms "
+        "| p99.9 ms | compute ms | mean batch | errors |",
+        "|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["rows"]:
         ratio = "-" if r["ratio_to_raw"] is None else f"{r['ratio_to_raw']:.2f}"
         lines.append(
             f"| {r['queue_type']} | {r['allocator_type']} | {r['mode']} | {r['workers']} | {r['batch_size']} "
-            f"| {r['load']} | {r['throughput_per_s']:.1f} | {ratio} | {_ms(r['p50_us'])} | {_ms(r['p99_us'])} "
+            f"| {r.get('lane', 'queue')} | {r['load']} | {r['throughput_per_s']:.1f} | {ratio} | {_ms(r['p50_us'])} | {_ms(r['p99_us'])} "
             f"| {_ms(r['p99_9_us'])} | {_ms(r['compute_mean_us'])} | {r.get('batch_size_mean') or '-'} "
             f"| {r['errors']} |"
         )
@@ -248,6 +257,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument(
         "--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES), help="max batch sizes (default 1 8)"
+    )
+    p.add_argument(
+        "--lanes",
+        nargs="+",
+        default=["auto"],
+        choices=LANES,
+        help="inline lane settings (default auto; 'queue inline' compares them, e.g. with --model digits_mlp)",
     )
     p.add_argument(
         "--no-single-worker", dest="single_worker", action="store_false", help="leave out the one-worker rows"

@@ -188,6 +188,8 @@ class Engine:
                         arena_slot_bytes=self.settings.arena_slot_bytes,
                         arena_slots=self.settings.arena_slots,
                         spin_us=self.settings.spin_us,
+                        lane=self.settings.lane,
+                        lane_max_us=self.settings.lane_max_us,
                     ),
                 )
                 runtime.model_id = self._next_id

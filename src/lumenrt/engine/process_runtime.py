@@ -46,6 +46,7 @@ import numpy as np
 
 from lumenrt.backends.base import Placement
 from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.lane import InlineLane
 from lumenrt.engine.process_worker import (
     CANCELLED,
     FAILED,
@@ -61,6 +62,7 @@ from lumenrt.engine.process_worker import (
     worker_main,
 )
 from lumenrt.engine.request import (
+    Array,
     EngineError,
     InferRequest,
     InvalidInput,
@@ -214,6 +216,7 @@ class ProcessModelRuntime:
         self._spawned = threading.Event()  # the supervisor started every worker (or failed to)
         self._spawn_error: BaseException | None = None
         self._started = False  # start() returned: deaths from now on are replaced
+        self.lane = InlineLane(config, backend, model_path, options.lane, options.lane_max_us)
         self.closed = False
         self.stopping = False  # shutdown began: no worker is replaced any more
         self.rejected = 0
@@ -254,6 +257,7 @@ class ProcessModelRuntime:
                         f"model {self.config.name!r}: workers did not load within {timeout_s} s"
                     )
                 time.sleep(0.005)
+            self.lane.open()  # in this process: small models answer without a worker (lane.py)
         except BaseException:
             self.close()
             raise
@@ -294,6 +298,7 @@ class ProcessModelRuntime:
         if self._completer.is_alive():
             self._completer.join(10)
         self._fail_unfinished()
+        self.lane.close()
         self._cancel = self._status = None  # type: ignore[assignment]
         self._holds = []
         del self.ring, self._completions, self.pool
@@ -353,6 +358,13 @@ class ProcessModelRuntime:
             del slot_view
             self._read_result(req, code, from_supervisor=False)
         return req
+
+    def run_inline(self, inputs: Mapping[str, Any]) -> dict[str, Array] | None:
+        """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
+        ring = None if self.closed else getattr(self, "ring", None)  # gone once closed
+        if ring is None:
+            return None
+        return self.lane.run(inputs, len(ring))
 
     def _prepare(
         self,
@@ -543,6 +555,8 @@ class ProcessModelRuntime:
     # ---- statistics -----------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
+        lane = self.lane.stats
+        status = self._status
         return {
             "name": self.config.name,
             "version": self.version,
@@ -551,9 +565,10 @@ class ProcessModelRuntime:
             "worker_mode": "process",
             "queue_type": self.options.queue_type,
             "allocator_type": "lumen_arena",
-            "requests": int(self._status[:, 2].sum()) if self._status is not None else 0,
-            "batches": int(self._status[:, 3].sum()) if self._status is not None else 0,
-            "infer_ns": int(self._status[:, 4].sum()) if self._status is not None else 0,
+            "requests": (int(status[:, 2].sum()) if status is not None else 0) + lane.requests,
+            "batches": (int(status[:, 3].sum()) if status is not None else 0) + lane.batches,
+            "infer_ns": (int(status[:, 4].sum()) if status is not None else 0) + lane.infer_ns,
+            "lane": self.lane.describe(),
             "rejected": self.rejected,
             "worker_deaths": self.worker_deaths,
             "replacement_failures": self.replacement_failures,

@@ -30,6 +30,7 @@ import numpy as np
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.batcher import IdleBoard
 from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.lane import InlineLane, add_lane_stats
 from lumenrt.engine.request import (
     Array,
     EngineError,
@@ -59,6 +60,8 @@ class RuntimeOptions:
     arena_slot_bytes: int = 1 << 20
     arena_slots: int = 256
     spin_us: int = 0  # poll before sleeping: idle workers on the ring, synchronous callers on their latch
+    lane: str = "queue"  # the inline lane (engine/lane.py): queue, inline or auto
+    lane_max_us: int = 30  # auto: the largest batch-1 compute that runs inline
 
 
 def admit(
@@ -214,6 +217,7 @@ class ModelRuntime:
             )
             for i, p in enumerate(placements)
         ]
+        self.lane = InlineLane(config, backend, model_path, options.lane, options.lane_max_us)
         self.closed = False
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -230,6 +234,11 @@ class ModelRuntime:
         if errors:
             self.close()
             raise errors[0]
+        try:
+            self.lane.open()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def ready(self) -> bool:
@@ -244,6 +253,7 @@ class ModelRuntime:
         self.ring.close()
         for w in self.workers:
             w.join(timeout_s)
+        self.lane.close()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -267,6 +277,12 @@ class ModelRuntime:
         req = self._prepare(inputs, timeout_s, None)
         push_and_wait(self, req, aux0=req.rows)
         return req
+
+    def run_inline(self, inputs: Mapping[str, Any]) -> dict[str, Array] | None:
+        """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
+        if self.closed:
+            return None
+        return self.lane.run(inputs, len(self.ring))
 
     def _prepare(
         self,
@@ -340,6 +356,7 @@ class ModelRuntime:
             total.output_ns += s.output_ns
             for rows, n in s.batch_rows.items():
                 total.batch_rows[rows] = total.batch_rows.get(rows, 0) + n
+        add_lane_stats(total, self.lane)
         return {
             "name": self.config.name,
             "version": self.version,
@@ -361,4 +378,5 @@ class ModelRuntime:
             "batch_rows": dict(sorted(total.batch_rows.items())),
             "arena": self.pool.stats() if self.pool is not None else None,
             "ring": self.ring.stats(),
+            "lane": self.lane.describe(),
         }

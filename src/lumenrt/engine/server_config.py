@@ -4,8 +4,8 @@ The seed's keys keep their names and values under ``engine``::
 
     {"engine": {"queue_type": "mpmc", "allocator_type": "lumen_arena", "thread_count": 8, "batch_size": 1}}
 
-and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``arena_slots`` and
-``spin_us``. Every key has an effect (see the README's table); a combination without one is refused:
+and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``arena_slots``,
+``spin_us``, ``lane`` and ``lane_max_us``. Every key has an effect (see the README's table); a combination without one is refused:
 ``allocator_type: standard`` with ``worker_mode: process`` (process workers read requests from the
 shared arena, so there is no per-request allocation to choose).
 Unknown keys are errors naming the key. Overrides (e.g. from command-line flags) are engine keys
@@ -48,7 +48,14 @@ ENGINE_KEYS = (
     "arena_slot_bytes",
     "arena_slots",
     "spin_us",
+    "lane",
+    "lane_max_us",
 )
+LANES = ("queue", "inline", "auto")  # engine/lane.py
+# auto: a model whose batch-1 compute is at most this runs inline. Guessed from one
+# measurement on the 2-core VM: a worker hand-off and return costs ~30-60 us there, so a model
+# under ~30 us spends more time being handed over than computing.
+DEFAULT_LANE_MAX_US = 30
 
 
 def usable_cores() -> tuple[int, ...]:
@@ -73,6 +80,8 @@ class EngineConfig:
     arena_slot_bytes: int = DEFAULT_ARENA_SLOT_BYTES
     arena_slots: int = DEFAULT_ARENA_SLOTS
     spin_us: int = DEFAULT_SPIN_US  # poll this long before sleeping (workers, sync callers)
+    lane: str = "queue"  # run small models on the ingress thread: queue | inline | auto
+    lane_max_us: int = DEFAULT_LANE_MAX_US  # auto: largest batch-1 compute run inline
 
     def __post_init__(self) -> None:
         src = "EngineConfig"
@@ -85,6 +94,8 @@ class EngineConfig:
         read_int(self.arena_slot_bytes, src, "engine.arena_slot_bytes", minimum=MIN_ARENA_SLOT_BYTES)
         read_int(self.arena_slots, src, "engine.arena_slots", minimum=1)
         read_int(self.spin_us, src, "engine.spin_us", minimum=0)
+        read_choice(self.lane, LANES, src, "engine.lane")
+        read_int(self.lane_max_us, src, "engine.lane_max_us", minimum=0)
         if self.allocator_type == "standard" and self.worker_mode == "process":
             raise ConfigError(
                 src,

@@ -14,6 +14,11 @@ Connection invariants
   - Requests on one connection are answered in the order they arrived (HTTP/1.1 pipelining):
     ``_queue`` holds parsed requests, at most one is being handled at a time; reading pauses
     while ``MAX_PIPELINED`` wait.
+  - Write-side backpressure: while the transport's write buffer is over its high-water mark
+    (``pause_writing`` .. ``resume_writing``) reading pauses and no queued request is started, so
+    the buffer holds at most the high-water mark plus one answer (and the one the engine is
+    computing). The two pause reasons (queue full, buffer full) are separate flags: reading
+    resumes only when neither holds, and the buffer draining goes on with the queued requests.
   - A body is never buffered beyond ``limits.max_body_bytes``: Content-Length is checked when
     the headers are complete (before any body byte is kept), chunked bodies as they arrive, and a
     gzip/deflate body's decoded size as it is decoded (``http_headers`` says how each header that
@@ -24,7 +29,13 @@ Connection invariants
     the last one is written), and never once the body has begun to arrive.
   - One sweeper task per server closes connections whose request has been arriving for longer
     than ``limits.receive_timeout_s`` (408) or that sat idle for ``limits.idle_timeout_s``: no
-    timer per request.
+    timer per request. Idle means nothing received, no request in the engine and no written
+    byte drained for that long. The receive clock stops while the server is not reading (either
+    pause) and restarts when reading resumes. A connection whose writes are paused is never
+    idle while the buffer drains (the sweeper compares its size between sweeps); a client that
+    reads nothing for ``idle_timeout_s`` has stopped reading: the connection is aborted (its
+    buffered and queued answers are dropped, as for a client that went away), which bounds
+    what it holds.
   - Every request that was parsed whole gets exactly one response; a connection closed by the
     client drops the responses still owed to it (its requests still finish inside the engine).
 """
@@ -44,7 +55,7 @@ import httptools
 from lumenrt.server.errors import REASONS, ServerError, as_server_error, bad_request, not_found
 from lumenrt.server.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
 from lumenrt.server.parameters import check_bool, refuse_load_parameters
-from lumenrt.server.service import InferenceService
+from lumenrt.server.service import InferenceService, InferOutcome
 from lumenrt.server.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
 
 MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading pauses (guessed)
@@ -137,7 +148,9 @@ class HttpConnection(asyncio.Protocol):
         self._queue: deque[HttpRequest] = deque()
         self._busy = False
         self._task: asyncio.Task[None] | None = None  # the request being answered
-        self._paused = False
+        self._paused = False  # reading paused: MAX_PIPELINED requests wait
+        self._write_paused = False  # the write buffer is over its high-water mark (pause_writing)
+        self._write_buffer_seen = 0  # its size at the last sweep while paused: smaller = progress
         self._closing = False
         # the message being parsed
         self._url = b""
@@ -166,6 +179,36 @@ class HttpConnection(asyncio.Protocol):
         self._closing = True
         self._queue.clear()
         self.server.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        """The write buffer is over its high-water mark: read nothing more and start no queued
+        request until it drains (reading may already be paused for the queue: a separate flag)."""
+        self._write_paused = True
+        self._last_active = time.monotonic()  # the stall clock (check_timeouts) starts here
+        if self.transport is not None and not self._closing:
+            self._write_buffer_seen = self.transport.get_write_buffer_size()
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        """The buffer drained under its low-water mark: go on with the queued requests (which may
+        fill it again), then read again unless the queue still holds reading paused."""
+        self._write_paused = False
+        self._last_active = time.monotonic()
+        if not self._busy:
+            self._next()
+        self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        """Read again once neither pause reason holds. A message that was arriving when reading
+        paused gets its receive clock restarted: the wait was the server's, not the client's."""
+        transport = self.transport
+        if self._paused or self._write_paused or self._closing or transport is None:
+            return
+        if transport.is_reading() or transport.is_closing():
+            return
+        if self._started:
+            self._started = time.monotonic()
+        transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self._last_active = time.monotonic()
@@ -204,8 +247,25 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
 
     def check_timeouts(self, now: float, receive_timeout_s: float, idle_timeout_s: float) -> None:
-        if self._closing:
+        transport = self.transport
+        if self._closing or transport is None:
             return
+        if self._busy:
+            self._last_active = now  # a request in the engine: the idle clock starts after it
+        if self._write_paused:
+            size = transport.get_write_buffer_size()
+            if size < self._write_buffer_seen:
+                self._last_active = now  # the client reads, if slowly: not stalled
+            self._write_buffer_seen = size
+            if now - self._last_active > idle_timeout_s:
+                # stalled: the client read nothing for idle_timeout_s. abort, since close()
+                # would keep the buffer until it is flushed to a client that does not read
+                self._closing = True
+                self._queue.clear()
+                transport.abort()
+            return
+        if self._paused:
+            return  # not reading while MAX_PIPELINED wait (so one is in the engine): no clock runs
         if self._started and now - self._started > receive_timeout_s:
             self._fail(ServerError(408, f"request not received whole within {receive_timeout_s:g} s"))
         elif not self._started and not self._busy and now - self._last_active > idle_timeout_s:
@@ -301,8 +361,9 @@ class HttpConnection(asyncio.Protocol):
     # ---- handling -----------------------------------------------------------------------------
 
     def _next(self) -> None:
-        """Handle queued requests in order until one has to wait for the engine."""
-        while self._queue and not self._closing:
+        """Handle queued requests in order until one has to wait for the engine or the write buffer
+        is over its high-water mark (``resume_writing`` calls this again)."""
+        while self._queue and not self._busy and not self._write_paused and not self._closing:
             req = self._queue.popleft()
             try:
                 result = error_response(req.error) if req.error is not None else route(self.service, req)
@@ -314,12 +375,14 @@ class HttpConnection(asyncio.Protocol):
             self._busy = True
             self._task = self.loop.create_task(self._respond(result, req))  # referenced while it runs
             return
+        if self._queue or self._busy or self._closing:
+            return  # the rest waits for the engine's answer or for the write buffer to drain
         if self._continue_owed:
             self._continue_owed = False
             self._write_continue()
-        if self._paused and self.transport is not None and not self._closing:
+        if self._paused:
             self._paused = False
-            self.transport.resume_reading()
+            self._resume_reading()  # unless the write buffer still holds reading paused
 
     async def _respond(self, pending: Awaitable[Response], req: HttpRequest) -> None:
         """Await the engine's answer and write it in the same step: the service counts the request
@@ -481,19 +544,27 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
         parsed = parse_infer_request(req.body, None, service.limits.max_elements)
     arrays = service.check_inputs(rt, parsed.inputs)
     outputs = service.check_outputs(rt, list(parsed.outputs))
+    if rt.lane.active:  # a small model: answered here and now when its queue is empty
+        outcome = service.infer_inline(rt, arrays, outputs, timing=parsed.timing, received_ns=req.received_ns)
+        if outcome is not None:
+            return _infer_response(outcome, parsed)
 
     async def run() -> Response:
         outcome = await service.infer(
             rt, arrays, outputs, timeout_s=parsed.timeout_s, timing=parsed.timing, received_ns=req.received_ns
         )
-        header_json, chunks = encode_infer_response(outcome, parsed)
-        if not chunks:
-            return Response(200, header_json)
-        return Response(
-            200,
-            [header_json, *chunks],
-            _OCTETS,
-            [(b"inference-header-content-length", b"%d" % len(header_json))],
-        )
+        return _infer_response(outcome, parsed)
 
     return run()
+
+
+def _infer_response(outcome: InferOutcome, parsed: Any) -> Response:
+    header_json, chunks = encode_infer_response(outcome, parsed)
+    if not chunks:
+        return Response(200, header_json)
+    return Response(
+        200,
+        [header_json, *chunks],
+        _OCTETS,
+        [(b"inference-header-content-length", b"%d" % len(header_json))],
+    )

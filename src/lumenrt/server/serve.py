@@ -26,6 +26,9 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "tcp": 8003}
 # concurrency 2: 5,533 (0.58) at 0 us vs 3,983 (0.82) at 50 us; concurrency 4: 8,832 (0.93) vs
 # 6,385 (1.35); concurrency 8: 14,135 (1.18) vs 8,266 (2.12); concurrency 1 alike (3.1k/s).
 SERVE_SPIN_US = 0
+# The server runs small models inline on its event loop (engine/lane.py); the in-process Engine
+# keeps "queue" unless told, since its callers may be many threads.
+SERVE_LANE = "auto"
 
 
 def _port(text: str) -> int | None:
@@ -60,7 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "  cores             the cores workers are placed on (default: all usable)\n"
         "  arena_slot_bytes  thread mode: input arena slot size (default 1 MiB)\n"
         "  arena_slots       arena slots per model version (default 256)\n"
-        "  spin_us           poll this long before sleeping                         (--spin-us)"
+        "  spin_us           poll this long before sleeping                         (--spin-us)\n"
+        "  lane              queue | inline | auto: small models run on the ingress thread (--lane)\n"
+        "  lane_max_us       auto: largest batch-1 compute run inline (default 30)"
     )
     where = p.add_argument_group("where to listen")
     where.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -104,6 +109,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help=f"poll this long before sleeping (default {SERVE_SPIN_US}: the event loop already keeps a core busy)",
     )
+    eng.add_argument(
+        "--lane",
+        choices=("queue", "inline", "auto"),
+        help=f"the inline lane (default {SERVE_LANE}): 'auto' runs a model whose batch-1 compute is "
+        "at most lane_max_us on the thread that received the request whenever its queue is empty; "
+        "'inline' does so for every model; 'queue' hands every request to the workers",
+    )
     eng.add_argument("--no-pin", action="store_true", help="do not pin workers to cores")
     lim = p.add_argument_group("limits")
     d = ServeLimits()
@@ -139,9 +151,10 @@ def run_from_args(args: argparse.Namespace) -> int:
                 "allocator_type": args.allocator,
                 "batch_size": args.batch_size,
                 "spin_us": args.spin_us,
+                "lane": args.lane,
                 "pin": False if args.no_pin else None,
             },
-            defaults={"spin_us": SERVE_SPIN_US},
+            defaults={"spin_us": SERVE_SPIN_US, "lane": SERVE_LANE},
         )
         limits = ServeLimits(
             max_body_bytes=args.max_body_bytes,

@@ -196,6 +196,7 @@ class InferenceService:
             "allocator_type": options.allocator_type,
             "spin_us": options.spin_us,
             "pin": options.pin,
+            "lane": "inline" if rt.lane.active else "queue",  # what auto decided for this model
         }
         return {f"lumenrt_{k}": {"string_value": str(v)} for k, v in arch.items()}
 
@@ -322,6 +323,10 @@ class InferenceService:
         self.in_flight += 1
 
     def _done(self, rt: Any, start_ns: int, ok: bool) -> None:
+        self._count(rt, start_ns, ok)
+        self.in_flight -= 1
+
+    def _count(self, rt: Any, start_ns: int, ok: bool) -> None:
         end = time.monotonic_ns()
         key = (rt.config.name, rt.version)
         c = self._counters.get(key)
@@ -334,7 +339,6 @@ class InferenceService:
             c.fail_count += 1
             c.fail_ns += end - start_ns
         c.last_inference_ms = time.time_ns() // 1_000_000
-        self.in_flight -= 1
 
     async def infer(
         self,
@@ -361,6 +365,37 @@ class InferenceService:
             raise as_server_error(exc) from None
         finally:
             self._done(rt, start, ok)
+
+    def infer_inline(
+        self,
+        rt: Any,
+        arrays: Mapping[str, Array],
+        outputs: list[str],
+        *,
+        timing: bool = False,
+        received_ns: int = 0,
+    ) -> InferOutcome | None:
+        """Run one request on the model's inline lane, now, in this thread (engine/lane.py); None
+        when the lane does not take it (no lane, queue not empty, shutting down): the caller then
+        awaits ``infer``. Raises ServerError. The outcome's stage times are the lane's, valid until
+        its next request: encode the answer before serving another."""
+        if not self.accepting:
+            return None
+        start = received_ns or time.monotonic_ns()
+        try:
+            result = rt.run_inline(arrays)
+        except Exception as exc:
+            self._count(rt, start, False)
+            raise as_server_error(exc) from None
+        if result is None:
+            return None
+        self._count(rt, start, True)
+        times = rt.lane.times
+        times.received_ns = start
+        params: dict[str, Any] = {}
+        if timing:
+            params = {f"lumenrt_{k}": v for k, v in timing_parameters(times).items()}
+        return InferOutcome(rt.config.name, rt.version, [(n, result[n]) for n in outputs], times, params)
 
     @staticmethod
     def _outcome(result: InferResult, outputs: list[str], timing: bool, start_ns: int) -> InferOutcome:

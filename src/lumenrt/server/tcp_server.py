@@ -41,7 +41,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from lumenrt.server.errors import ServerError, as_server_error
-from lumenrt.server.service import InferenceService, ServeLimits, WireInput, timing_parameters
+from lumenrt.server.service import (
+    InferenceService,
+    InferOutcome,
+    ServeLimits,
+    WireInput,
+    timing_parameters,
+)
 from lumenrt.server.tcp_protocol import (
     FLAG_TIMING,
     KIND_NAMES,
@@ -190,6 +196,18 @@ class TcpConnection(asyncio.Protocol):
             err = as_server_error(exc)
             self._reply_error(rid, err.status, err.message)
             return
+        if rt.lane.active:  # a small model: answered here and now when its queue is empty
+            timing = bool(frame.flags & FLAG_TIMING)
+            try:
+                out = self.service.infer_inline(
+                    rt, checked, outputs, timing=timing, received_ns=self._received_ns
+                )
+            except ServerError as exc:
+                self._reply_error(rid, exc.status, exc.message)
+                return
+            if out is not None:
+                self._answer(rid, out, timing)
+                return
         request = _Request(
             rid,
             bool(frame.flags & FLAG_TIMING),
@@ -217,11 +235,7 @@ class TcpConnection(asyncio.Protocol):
                 timing=req.timing,
                 received_ns=req.received_ns,
             )
-            timing = None
-            if req.timing:
-                stages = timing_parameters(out.times)
-                timing = [stages[k] for k in TIMING_FIELDS]
-            answer = self.front.responses.encode(req.request_id, out.model, out.version, out.outputs, timing)
+            answer = self._encode(req.request_id, out, req.timing)
         except ServerError as exc:
             answer = encode_error(req.request_id, exc.status, exc.message)
         except Exception as exc:  # encoding failed: still exactly one answer
@@ -234,6 +248,22 @@ class TcpConnection(asyncio.Protocol):
             self._maybe_resume_reading()
         if self.peer_eof and self.in_flight == 0 and not self.reading_paused and self.transport is not None:
             self.transport.close()
+
+    def _encode(self, request_id: int, out: InferOutcome, timing: bool) -> bytes | list[Any]:
+        fields = None
+        if timing:
+            stages = timing_parameters(out.times)
+            fields = [stages[k] for k in TIMING_FIELDS]
+        return self.front.responses.encode(request_id, out.model, out.version, out.outputs, fields)
+
+    def _answer(self, request_id: int, out: InferOutcome, timing: bool) -> None:
+        """Write an inline answer (one answer: an encoding failure is answered as an error)."""
+        try:
+            answer = self._encode(request_id, out, timing)
+        except Exception as exc:
+            err = as_server_error(exc)
+            answer = encode_error(request_id, err.status, err.message)
+        self._write(answer)
 
     def _write(self, answer: bytes | list[Any]) -> None:
         transport = self.transport

@@ -1,0 +1,454 @@
+"""The small-model request path, measured: c1 round trips, stages, allocations, throughput.
+
+    .venv/bin/python benchmarks/latency.py [--baseline-python /path/to/other/venv/bin/python]
+        [--repeats 3] [--n 5000] [--out results/]
+
+digits_mlp, batch 1, in one run on this machine:
+
+1. **c1 round trips** against a loopback echo of the same bytes: lumenrt binary TCP
+   (``TcpClient``), lumenrt HTTP (V2 binary tensor extension, keep-alive ``http.client``), lumenrt
+   gRPC (one grpc channel, the generated ModelInfer stub), FastAPI with the same ONNX session
+   inline (``benchmarks/peers/fastapi_app.py`` under uvicorn, one worker, raw bytes, keep-alive
+   ``http.client``) and, with ``--baseline-python``, the same three lumenrt rows from another
+   install (e.g. the commit before a change). Rows are measured in interleaved blocks, ``--repeats``
+   rounds; each figure is the median of the rounds' p50 (p99).
+2. **Stages** of one TCP request from the server's own timestamps (the timing flag): engine time
+   (received -> completed), queue, batch, compute, return; the rest of the round trip is the
+   client, the wire, parsing, encoding and writing.
+3. **Allocations per request** on the TCP and HTTP paths: the server runs with
+   ``PYTHONMALLOC=malloc`` and ``alloc_counter.c`` preloaded (every malloc-family call counted in a
+   shared file), and the count over ``--alloc-n`` requests is divided by them. Counts the whole
+   server process (event loop and workers); the client is not counted. The same count for a bare
+   ONNX Runtime ``session.run`` of the model is shown beside it: what is left is the server's.
+4. **Throughput** with ``lumenrt bench load`` (closed loop, ``--load-s`` seconds): TCP at
+   concurrency 8 (against the baseline when given), and HTTP and gRPC at concurrency 1, 4, 8 against
+   FastAPI with 2 uvicorn workers.
+
+FastAPI runs from ``--fastapi-python`` (default ``.venv-fastapi/bin/python``, which
+``benchmarks/peers/run.py`` creates; fastapi, uvicorn[standard], onnxruntime, numpy); without it
+those rows are skipped with a note. Prints the tables and writes ``latency-<stamp>.json``.
+"""
+
+import argparse
+import contextlib
+import http.client
+import json
+import mmap
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lumenrt.bench.results import git_commit, machine_info, write_result
+from lumenrt.bench.roundtrip import _Child, _echo_server_main, _measure_echo, frame_sizes, stats
+from lumenrt.bench.serve_process import ServeProcess, start_serve
+from lumenrt.client.http import encode_infer
+from lumenrt.client.tcp import TcpClient
+from lumenrt.models.builtin import builtin_examples, ensure_builtin_repository
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MODEL = "digits_mlp"
+WARMUP = 300
+Measure = Callable[[int], list[int]]  # n requests -> per-request latencies (ns)
+
+
+# ---- clients: each returns a function that times n back-to-back requests ------------------------
+
+
+def _timed(call: Callable[[], object], n: int) -> list[int]:
+    clock = time.perf_counter_ns
+    out = []
+    for _ in range(n):
+        t0 = clock()
+        call()
+        out.append(clock() - t0)
+    return out
+
+
+def tcp_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
+    client = TcpClient("127.0.0.1", port)
+    return (lambda n: _timed(lambda: client.infer(MODEL, inputs), n)), client.close
+
+
+def _http_post(
+    port: int, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[Measure, Callable[[], None]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def one() -> None:
+        conn.request("POST", path, body, headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"POST {path}: {resp.status} {data[:200]!r}")
+
+    return (lambda n: _timed(one, n)), conn.close
+
+
+def http_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
+    req = encode_infer(MODEL, inputs)
+    return _http_post(port, req.path, req.body, dict(req.headers))
+
+
+def fastapi_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
+    (array,) = inputs.values()
+    body = np.ascontiguousarray(array).tobytes()
+    return _http_post(port, f"/predict/{MODEL}", body, {"Content-Type": "application/octet-stream"})
+
+
+def grpc_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
+    import grpc
+    import lumenrt.server.proto.grpc_service_pb2 as pb
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=pb.ModelInferRequest.SerializeToString,
+        response_deserializer=pb.ModelInferResponse.FromString,
+    )
+    request = pb.ModelInferRequest(model_name=MODEL)
+    for name, array in inputs.items():
+        request.inputs.add(name=name, datatype="FP32", shape=list(array.shape))
+        request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    return (lambda n: _timed(lambda: call(request, timeout=30), n)), channel.close
+
+
+# ---- servers ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def lumenrt_server(python: str | None, env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
+    command = [python, "-m", "lumenrt.cli"] if python else None
+    with start_serve("--models", MODEL, command=command, env=env, cwd=str(ROOT)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def fastapi_server(python: Path, model_path: Path, workers: int) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "PEERS_FASTAPI_MODELS": f"{MODEL}={model_path}"}
+    cmd = [str(python), "-m", "uvicorn", "fastapi_app:app", "--app-dir", str(HERE / "peers"),
+           "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--no-access-log",
+           "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"FastAPI exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+                )
+            with contextlib.suppress(OSError):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/ready")
+                ready = conn.getresponse().status == 200
+                conn.close()
+                if ready:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("FastAPI did not become ready within 120 s")
+            time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ---- 1. c1 round trips --------------------------------------------------------------------------
+
+
+def round_trips(rows: dict[str, Measure], n: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Interleaved blocks of every row, ``repeats`` rounds; per row the median over rounds of
+    p50/p90/p99 and every round's figures."""
+    for measure in rows.values():
+        measure(WARMUP)
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in rows}
+    for _ in range(repeats):
+        for name, measure in rows.items():
+            rounds[name].append(stats(measure(n)))
+    out: dict[str, dict[str, float]] = {}
+    for name, got in rounds.items():
+        out[name] = {
+            key: float(np.median([g[key] for g in got])) for key in ("p50_us", "p90_us", "p99_us", "mean_us")
+        }
+        out[name]["rounds_p50_us"] = [g["p50_us"] for g in got]  # type: ignore[assignment]
+    return out
+
+
+# ---- 2. stages ------------------------------------------------------------------------------------
+
+
+def tcp_stages(port: int, inputs: dict[str, Any], n: int) -> dict[str, float]:
+    """Medians (us) of the round trip and the server's stage times over n timed requests."""
+    fields = ("engine_ns", "queue_ns", "batch_ns", "compute_ns", "return_ns")
+    got: dict[str, list[int]] = {f: [] for f in ("round_trip_ns", *fields)}
+    clock = time.perf_counter_ns
+    with TcpClient("127.0.0.1", port) as client:
+        for i in range(WARMUP + n):
+            t0 = clock()
+            result = client.infer(MODEL, inputs, timing=True)
+            t1 = clock()
+            if i < WARMUP:
+                continue
+            got["round_trip_ns"].append(t1 - t0)
+            timing = result.timing or {}
+            for f in fields:
+                got[f].append(int(timing.get(f, 0)))
+    med = {k.replace("_ns", "_us"): round(float(np.median(v)) / 1000, 2) for k, v in got.items()}
+    med["outside_engine_us"] = round(med["round_trip_us"] - med["engine_us"], 2)
+    return med
+
+
+# ---- 3. allocations ---------------------------------------------------------------------------
+
+
+def build_counter(tmp: Path) -> Path:
+    lib = tmp / "alloc_counter.so"
+    subprocess.run(
+        ["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(HERE / "alloc_counter.c"), "-ldl"], check=True
+    )
+    return lib
+
+
+def allocations(python: str | None, lib: Path, tmp: Path, inputs: dict[str, Any], n: int) -> dict[str, float]:
+    """Heap allocations per request of the server process on the TCP and HTTP paths."""
+    counter_file = tmp / f"count-{os.getpid()}-{time.monotonic_ns()}"
+    counter_file.write_bytes(bytes(4096))
+    env = {
+        **os.environ,
+        "PYTHONMALLOC": "malloc",
+        "LD_PRELOAD": str(lib),
+        "LRT_ALLOC_COUNTER_FILE": str(counter_file),
+    }
+    out: dict[str, float] = {}
+    with open(counter_file, "r+b") as f, mmap.mmap(f.fileno(), 4096) as shared:
+
+        def read() -> int:
+            return int(struct.unpack_from("<Q", shared)[0])
+
+        with lumenrt_server(python, env) as server:
+            for name, make in (("tcp", tcp_measure), ("http", http_measure)):
+                measure, close = make(server.ports[name], inputs)
+                try:
+                    measure(2000)
+                    time.sleep(0.3)  # let background work settle
+                    before = read()
+                    measure(n)
+                    out[name] = round((read() - before) / n, 1)
+                finally:
+                    close()
+    counter_file.unlink()
+    return out
+
+
+MODEL_CALL = """
+import mmap, struct, sys
+import numpy as np, onnxruntime as ort
+so = ort.SessionOptions()
+so.intra_op_num_threads = 1
+so.inter_op_num_threads = 1
+sess = ort.InferenceSession(sys.argv[1], sess_options=so, providers=["CPUExecutionProvider"])
+name = sess.get_inputs()[0].name
+x = np.load(sys.argv[2])
+n = int(sys.argv[4])
+with open(sys.argv[3], "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+    for _ in range(2000):
+        sess.run(None, {name: x})
+    before = struct.unpack_from("<Q", m)[0]
+    for _ in range(n):
+        sess.run(None, {name: x})
+    print((struct.unpack_from("<Q", m)[0] - before) / n)
+"""
+
+
+def model_call_allocations(lib: Path, tmp: Path, model_path: Path, inputs: dict[str, Any], n: int) -> float:
+    """Heap allocations of one bare ONNX Runtime ``session.run`` of the same model and input (the
+    part of a request no server can avoid), counted the same way."""
+    counter_file = tmp / "count-model"
+    counter_file.write_bytes(bytes(4096))
+    (array,) = inputs.values()
+    np.save(tmp / "x.npy", array)
+    env = {**os.environ, "PYTHONMALLOC": "malloc", "LD_PRELOAD": str(lib)}
+    env["LRT_ALLOC_COUNTER_FILE"] = str(counter_file)
+    cmd = [sys.executable, "-c", MODEL_CALL, str(model_path), str(tmp / "x.npy"), str(counter_file), str(n)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return round(float(done.stdout.strip().splitlines()[-1]), 1)
+
+
+# ---- 4. throughput --------------------------------------------------------------------------------
+
+
+def load(
+    target: str, concurrency: int, seconds: float, out_dir: Path, name: str, *extra: str
+) -> dict[str, float]:
+    """One closed-loop ``lumenrt bench load`` run (one load process, as the peer table)."""
+    cmd = [sys.executable, "-m", "lumenrt.cli", "bench", "load", "--target", target, "--model", MODEL,
+           "--concurrency", str(concurrency), "--duration-s", str(seconds), "--warmup-s", "1",
+           "--no-stages", "--quiet", "--json", "--out", str(out_dir), "--name", name, *extra]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    summary = json.loads(done.stdout[done.stdout.find("{") :])
+    lat = summary["latency_us"]
+    return {
+        "throughput_per_s": round(float(summary["throughput_per_s"]), 1),
+        "p50_us": round(float(lat["p50"]), 1),
+        "p99_us": round(float(lat["p99"]), 1),
+        "errors": int(summary["counts"]["errors"]),
+    }
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+def _table(title: str, rows: dict[str, dict[str, Any]], cols: tuple[str, ...]) -> str:
+    lines = [f"\n{title}", "| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=5000, help="requests per row per round (default 5000)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; figures are their medians")
+    p.add_argument("--baseline-python", help="a python whose lumenrt is the baseline (another venv)")
+    p.add_argument("--fastapi-python", type=Path, default=ROOT / ".venv-fastapi" / "bin" / "python")
+    p.add_argument("--alloc-n", type=int, default=10000, help="requests counted per path (default 10000)")
+    p.add_argument("--load-s", type=float, default=5.0, help="seconds per throughput run (default 5)")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: rtt,stages,alloc,load")
+    p.add_argument("--out", type=Path, default=Path("results"))
+    args = p.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    inputs = builtin_examples(MODEL, 1)
+    model_path = ensure_builtin_repository() / MODEL / "1" / "model.onnx"
+    fastapi = args.fastapi_python if args.fastapi_python.exists() else None
+    if fastapi is None:
+        print(f"note: no FastAPI interpreter at {args.fastapi_python}: FastAPI rows skipped", file=sys.stderr)
+    base = args.baseline_python
+    result: dict[str, Any] = {"model": MODEL, "n": args.n, "repeats": args.repeats, "baseline": base}
+    servers = {"lumenrt": None, **({"baseline": base} if base else {})}
+    with contextlib.ExitStack() as stack:
+        running = {label: stack.enter_context(lumenrt_server(py)) for label, py in servers.items()}
+        api_port = stack.enter_context(fastapi_server(fastapi, model_path, 1)) if fastapi else None
+        if "rtt" not in skip:
+            rows: dict[str, Measure] = {}
+            closers: list[Callable[[], None]] = []
+            with TcpClient("127.0.0.1", running["lumenrt"].ports["tcp"]) as c:
+                first = c.infer(MODEL, inputs)
+            req_bytes, resp_bytes = frame_sizes(MODEL, inputs, list(first.outputs.items()))
+            echo = _Child(_echo_server_main, (req_bytes, resp_bytes), "lumenrt-echo")
+            stack.callback(echo.stop)
+            echo_request = bytes(req_bytes)
+            rows["echo floor"] = lambda n: _measure_echo(echo.port, echo_request, resp_bytes, n, 0)
+            for label, server in running.items():
+                for proto, make in (
+                    ("TCP", tcp_measure),
+                    ("HTTP binary", http_measure),
+                    ("gRPC", grpc_measure),
+                ):
+                    measure, close = make(server.ports[proto.split()[0].lower()], inputs)
+                    rows[f"{label} {proto}"] = measure
+                    closers.append(close)
+            if api_port is not None:
+                measure, close = fastapi_measure(api_port, inputs)
+                rows["FastAPI inline (1 worker)"] = measure
+                closers.append(close)
+            rtt = round_trips(rows, args.n, args.repeats)
+            for close in closers:
+                close()
+            result["round_trips"] = rtt
+            print(
+                _table("c1 round trips (us; medians of rounds)", rtt, ("p50_us", "p99_us", "rounds_p50_us"))
+            )
+            ratios = {}
+            if "FastAPI inline (1 worker)" in rtt:
+                fa = rtt["FastAPI inline (1 worker)"]["p50_us"]
+                ratios["tcp_p50_over_fastapi"] = round(rtt["lumenrt TCP"]["p50_us"] / fa, 3)
+                ratios["http_p50_over_fastapi"] = round(rtt["lumenrt HTTP binary"]["p50_us"] / fa, 3)
+            ratios["tcp_p50_over_echo"] = round(rtt["lumenrt TCP"]["p50_us"] / rtt["echo floor"]["p50_us"], 3)
+            for proto in ("TCP", "HTTP binary", "gRPC"):
+                r = rtt[f"lumenrt {proto}"]
+                ratios[f"{proto} p99/p50"] = round(r["p99_us"] / r["p50_us"], 3)
+            result["ratios"] = ratios
+            print(json.dumps(ratios, indent=1))
+        if "stages" not in skip:
+            st = {label: tcp_stages(s.ports["tcp"], inputs, args.n) for label, s in running.items()}
+            result["stages"] = st
+            cols = (
+                "round_trip_us",
+                "engine_us",
+                "outside_engine_us",
+                "queue_us",
+                "batch_us",
+                "compute_us",
+                "return_us",
+            )
+            print(_table("stages of one TCP request (medians, us)", st, cols))
+        if "load" not in skip:
+            tput: dict[str, dict[str, Any]] = {}
+            for label, s in running.items():
+                tput[f"{label} TCP c8"] = load(f"tcp://127.0.0.1:{s.ports['tcp']}", 8, args.load_s, args.out,
+                                               f"{label}-tcp-c8", "--metadata-url", f"http://{s.http_url}")  # fmt: skip
+            s = running["lumenrt"]
+            for c in (1, 4, 8):
+                tput[f"lumenrt HTTP c{c}"] = load(
+                    f"http://{s.http_url}", c, args.load_s, args.out, f"lumenrt-http-c{c}"
+                )
+                tput[f"lumenrt gRPC c{c}"] = load(f"grpc://{s.grpc_url}", c, args.load_s, args.out,
+                                                  f"lumenrt-grpc-c{c}", "--metadata-url", f"http://{s.http_url}")  # fmt: skip
+            result["throughput"] = tput
+    if "load" not in skip and fastapi is not None:  # FastAPI with 2 workers, as in the peer table
+        with fastapi_server(fastapi, model_path, 2) as port2:
+            (array,) = inputs.values()
+            raw = args.out / "digits_mlp-input.npy"
+            args.out.mkdir(parents=True, exist_ok=True)
+            np.save(raw, array)
+            for c in (1, 4, 8):
+                target = f"http-raw://127.0.0.1:{port2}/predict/{MODEL}"
+                tput[f"FastAPI 2 workers c{c}"] = load(target, c, args.load_s, args.out, f"fastapi-c{c}",
+                                                      "--input-file", str(raw))  # fmt: skip
+    if "load" not in skip:
+        print(_table("throughput (closed loop)", tput, ("throughput_per_s", "p50_us", "p99_us", "errors")))
+    if "alloc" not in skip:
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = build_counter(Path(tmp))
+            allocs = {
+                label: allocations(py, lib, Path(tmp), inputs, args.alloc_n) for label, py in servers.items()
+            }
+            model_call = model_call_allocations(lib, Path(tmp), model_path, inputs, args.alloc_n)
+        for row in allocs.values():
+            row["model call"] = model_call
+            row["tcp - model call"] = round(row["tcp"] - model_call, 1)
+            row["http - model call"] = round(row["http"] - model_call, 1)
+        result["allocations_per_request"] = allocs
+        cols = ("tcp", "http", "model call", "tcp - model call", "http - model call")
+        print(
+            _table(
+                "heap allocations per request (server process; model call: bare session.run)", allocs, cols
+            )
+        )
+    path = write_result(args.out, "latency", {"machine": machine_info(), "commit": git_commit(), **result})
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

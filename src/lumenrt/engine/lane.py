@@ -1,0 +1,155 @@
+"""The inline lane: a small model's request runs on the thread that received it.
+
+For a model whose batch-1 compute is shorter than handing a request to a worker thread and back
+(digits_mlp: ~8 us of compute against ~30-60 us of ring push, wake-up, GIL hand-over, completion
+ring and event-loop wake-up), the fastest place to run it is where it already is. The lane owns one
+extra backend session of the model (one intra-op thread, so it never starts a thread pool) and runs
+a request in the caller's thread, synchronously, when the model's queue is empty.
+
+Engine key ``lane`` (an architecture choice like ``queue_type``, measured in the matrix):
+  queue    every request goes through the ring to the workers (no lane session is loaded);
+  inline   the lane runs every request that finds the queue empty;
+  auto     as inline for a model whose batch-1 compute, timed at load as the fastest of
+           ``PROBE_RUNS`` runs of the lane session (the fastest, so that a busy machine at load
+           does not decide it), is at most ``engine.lane_max_us``; otherwise as queue and the lane
+           session is closed again.
+
+Invariants
+  1. Work-conserving and order-keeping: the lane takes a request only when the model's ring is
+     empty (nothing waits for a worker that this request would overtake) and the model is not
+     closing; otherwise the caller queues it as before (``run`` returns None).
+  2. One request at a time, without a lock: running takes the lane's one token (a one-element
+     deque: ``popleft`` and ``append`` are single atomic steps under the GIL, and allocate nothing)
+     and puts it back after; a caller that finds no token queues. So the lane's statistics and its
+     stage times have one writer at a time, and a thread that blocks in the model (a Python model)
+     never blocks another caller.
+  3. Exactly one answer: ``run`` returns the outputs or raises an EngineError (InvalidInput for a
+     request the model config refuses, EngineError naming the model when the session fails); it
+     never leaves a request half-taken. Nothing is queued, so there is no deadline to miss.
+  4. No allocation of its own per request: the stage times are one object reset per request (read
+     before the next ``run``), the statistics plain ints; what remains is the backend's call and
+     its output arrays.
+"""
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lumenrt.backends.base import Backend, BackendSession, Placement
+from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.request import Array, EngineError, StageTimes
+from lumenrt.engine.validate import validate_inputs
+from lumenrt.engine.worker import WorkerStats, zeros_for
+
+PROBE_RUNS = 50  # batch-1 runs timed at load for ``auto`` (after the model's warm-up)
+
+
+class InlineLane:
+    def __init__(
+        self, config: ModelConfig, backend: Backend, model_path: Path, mode: str, max_us: int
+    ) -> None:
+        self.config = config
+        self.mode = mode
+        self.max_us = max_us
+        self.stats = WorkerStats()
+        self.probe_us = 0.0  # fastest batch-1 compute measured at load (0: not measured)
+        self.times = StageTimes()  # the last request's stage times (invariant 4)
+        self._backend = backend
+        self._model_path = model_path
+        self._session: BackendSession | None = None
+        self._token: deque[bool] = deque([True])  # invariant 2
+
+    @property
+    def active(self) -> bool:
+        return self._session is not None
+
+    def open(self) -> None:
+        """Load the lane's session, warm it, time it; ``auto`` keeps it only if the model is small."""
+        if self.mode == "queue":
+            return
+        session = self._backend.load(self._model_path, self.config, Placement(cores=(), intra_op_threads=1))
+        try:
+            zeros = zeros_for(self.config, 1)
+            for _ in range(max(self.config.warmup, 1)):
+                session.run(zeros)
+            samples = []
+            for _ in range(PROBE_RUNS):
+                t0 = time.perf_counter_ns()
+                session.run(zeros)
+                samples.append(time.perf_counter_ns() - t0)
+            self.probe_us = min(samples) / 1000
+        except BaseException:
+            session.close()
+            raise
+        if self.mode == "auto" and self.probe_us > self.max_us:
+            session.close()
+            return
+        self._session = session
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    def run(self, inputs: Mapping[str, Any], queued: int) -> dict[str, Array] | None:
+        """The outputs of running ``inputs`` here and now, or None: queue it (invariant 1, 2)."""
+        session = self._session
+        if session is None or queued:
+            return None
+        try:
+            token = self._token.popleft()
+        except IndexError:  # another caller is running on the lane
+            return None
+        try:
+            return self._run(session, inputs)
+        finally:
+            self._token.append(token)
+
+    def _run(self, session: BackendSession, inputs: Mapping[str, Any]) -> dict[str, Array]:
+        t0 = time.monotonic_ns()
+        arrays, rows = validate_inputs(self.config, inputs)
+        t1 = time.monotonic_ns()
+        try:
+            outputs = session.run(arrays)
+        except Exception as e:
+            self.stats.failures += 1
+            error = EngineError(f"model {self.config.name!r} failed: {type(e).__name__}: {e}")
+            raise error from e
+        t2 = time.monotonic_ns()
+        times = self.times
+        times.received_ns = times.enqueued_ns = times.dequeued_ns = t0
+        times.batch_formed_ns = times.compute_start_ns = t1
+        times.compute_end_ns = times.completed_ns = t2
+        times.batch_size = rows
+        stats = self.stats
+        stats.requests += 1
+        stats.batches += 1
+        stats.input_ns += t1 - t0
+        stats.infer_ns += t2 - t1
+        stats.batch_rows[rows] = stats.batch_rows.get(rows, 0) + 1
+        return outputs
+
+    def describe(self) -> dict[str, Any]:
+        """For statistics: the mode asked, whether the lane runs, the probe and its count."""
+        return {
+            "mode": self.mode,
+            "active": self.active,
+            "probe_us": round(self.probe_us, 2),
+            "max_us": self.max_us,
+            "requests": self.stats.requests,
+        }
+
+
+def add_lane_stats(total: WorkerStats, lane: InlineLane) -> None:
+    """Add the lane's counts to the workers' ``total``, so a model's statistics count every
+    request whichever way it ran (queue_ns: none, it never waited)."""
+    s = lane.stats
+    total.requests += s.requests
+    total.batches += s.batches
+    total.failures += s.failures
+    total.input_ns += s.input_ns
+    total.infer_ns += s.infer_ns
+    for rows, n in s.batch_rows.items():
+        total.batch_rows[rows] = total.batch_rows.get(rows, 0) + n

@@ -1,0 +1,563 @@
+"""HTTP write-side flow control: a client that pipelines requests and does not read its answers
+makes the server stop reading and stop answering (the transport's write buffer stays near its
+high-water mark) until it reads; then every answer arrives, in order, whole. The two reasons
+reading pauses (pipelined queue full, write buffer full) are independent, and the sweeper tells
+a stalled client (aborted after ``idle_timeout_s``) from a slow one (left alone).
+
+Real-socket tests run a server in a thread and probe its connection on the server's loop; the
+rest drive ``HttpConnection`` over a mock transport with explicit clock values. No assertion
+depends on timing: waits are for conditions, with generous deadlines."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from lumenrt.engine.engine import Engine
+from lumenrt.models.builtin import builtin_examples
+from lumenrt.server import http_server
+from lumenrt.server.app import ServeOptions, ServerThread
+from lumenrt.server.http_server import MAX_PIPELINED, HttpConnection, HttpRequest, HttpServer, Response
+from lumenrt.server.service import InferenceService, ServeLimits
+
+WAIT_S = 60.0  # deadline for a condition to come true (a hang fails the test, it never stalls)
+PATIENT = ServeLimits(
+    max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=30.0, idle_timeout_s=60.0
+)
+HASTY = ServeLimits(max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=1.0, idle_timeout_s=1.0)
+
+
+# ---- real sockets ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    with Engine(models=["digits_mlp"]) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def patient(engine: Engine) -> Iterator[ServerThread]:
+    with ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None, limits=PATIENT)) as st:
+        yield st
+
+
+@pytest.fixture
+def hasty(engine: Engine) -> Iterator[ServerThread]:
+    with ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None, limits=HASTY)) as st:
+        yield st
+
+
+def request(method: str, path: str, body: bytes = b"") -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def infer_body(rows: int) -> bytes:
+    x = builtin_examples("digits_mlp", rows)["input"]
+    doc = {
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]
+    }
+    return json.dumps(doc).encode()
+
+
+Check = Callable[[int, bytes], None]
+
+
+def workload(n: int) -> tuple[bytes, list[Check]]:
+    """``n`` pipelined requests of four kinds in turn, and for each a check of its answer that
+    tells it from its neighbours (a missing model is named by the request's index)."""
+    bodies = {rows: infer_body(rows) for rows in range(1, 9)}
+    raw: list[bytes] = []
+    checks: list[Check] = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            raw.append(request("GET", "/v2/models/digits_mlp/config"))
+            checks.append(
+                lambda status, body: _expect(status == 200 and json.loads(body)["name"] == "digits_mlp")
+            )
+        elif kind == 1:
+            rows = (i // 4) % 8 + 1
+            raw.append(request("POST", "/v2/models/digits_mlp/infer", bodies[rows]))
+
+            def infer_check(status: int, body: bytes, rows: int = rows) -> None:
+                outputs = json.loads(body)["outputs"]
+                _expect(status == 200 and all(o["shape"][0] == rows for o in outputs))
+
+            checks.append(infer_check)
+        elif kind == 2:
+            raw.append(request("GET", "/v2/health/ready"))
+            checks.append(lambda status, body: _expect(status == 200 and body == b""))
+        else:
+            raw.append(request("GET", f"/v2/models/missing{i}"))
+
+            def missing_check(status: int, body: bytes, i: int = i) -> None:
+                _expect(status == 404 and f"'missing{i}'" in json.loads(body)["error"])
+
+            checks.append(missing_check)
+    return b"".join(raw), checks
+
+
+def _expect(ok: bool) -> None:
+    assert ok
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
+    """One response (status, body); ``buf`` carries the bytes read past it."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a whole response")
+        buf += chunk
+    end = buf.index(b"\r\n\r\n")
+    lines = bytes(buf[:end]).decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    length = next(
+        int(line.split(":", 1)[1]) for line in lines[1:] if line.lower().startswith("content-length:")
+    )
+    while len(buf) < end + 4 + length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a body")
+        buf += chunk
+    body = bytes(buf[end + 4 : end + 4 + length])
+    del buf[: end + 4 + length]
+    return status, body
+
+
+def non_reading_client(st: ServerThread) -> socket.socket:
+    """A client with a small receive buffer, so the server's answers back up quickly."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(WAIT_S)
+    sock.connect(("127.0.0.1", st.ports["http"]))
+    return sock
+
+
+class Sender(threading.Thread):
+    """Sends everything (blocking while the server does not read); an error is kept, not raised."""
+
+    def __init__(self, sock: socket.socket, data: bytes) -> None:
+        super().__init__(daemon=True)
+        self.sock, self.data = sock, data
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            self.sock.sendall(self.data)
+        except OSError as exc:
+            self.error = exc
+
+
+@dataclass(frozen=True)
+class Probe:
+    write_paused: bool
+    queue_paused: bool
+    reading: bool
+    buffered: int  # transport.get_write_buffer_size()
+    high: int  # the transport's high-water mark
+    queued: int
+
+
+def probe(st: ServerThread, client: socket.socket) -> Probe | None:
+    """The server side of ``client``'s connection, read on the server's loop (None: gone)."""
+    port = client.getsockname()[1]
+
+    async def look() -> Probe | None:
+        front = cast(HttpServer, st.app.front_ends["http"])
+        for conn in front.connections:
+            t = conn.transport
+            if t is not None and t.get_extra_info("peername")[1] == port:
+                return Probe(
+                    conn._write_paused,
+                    conn._paused,
+                    t.is_reading(),
+                    t.get_write_buffer_size(),
+                    t.get_write_buffer_limits()[1],
+                    len(conn._queue),
+                )
+        return None
+
+    return cast(Probe | None, st.call(look()))
+
+
+class Sampler(threading.Thread):
+    """Probes a connection until stopped: the largest write buffer seen, and every probe."""
+
+    def __init__(self, st: ServerThread, client: socket.socket) -> None:
+        super().__init__(daemon=True)
+        self.st, self.client = st, client
+        self.stop_event = threading.Event()
+        self.most = 0
+        self.high = 0
+        self.probes = 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            p = probe(self.st, self.client)
+            if p is not None:
+                self.most = max(self.most, p.buffered)
+                self.high = p.high
+                self.probes += 1
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(WAIT_S)
+
+
+def wait_for(what: str, cond: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"not within {WAIT_S:g} s: {what}")
+
+
+N = 12_000  # ~5.6 MB of requests, ~7.5 MB of answers: far over the high-water mark and socket buffers
+
+
+def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(patient: ServerThread) -> None:
+    raw, checks = workload(N)
+    with non_reading_client(patient) as sock:
+        sampler = Sampler(patient, sock)
+        sampler.start()
+        sender = Sender(sock, raw)
+        sender.start()
+        try:
+            wait_for(
+                "the server pauses writing and reading",
+                lambda: (p := probe(patient, sock)) is not None and p.write_paused and not p.reading and p,
+            )
+            time.sleep(0.5)  # the client still reads nothing: the server stays (or is again) paused
+            again = wait_for(
+                "the server is paused while the client reads nothing",
+                lambda: (p := probe(patient, sock)) is not None and p.write_paused and not p.reading and p,
+            )
+            assert sender.is_alive() or again.queued > 0  # requests are left: unread or unanswered
+
+            buf = bytearray()
+            answers = [read_response(sock, buf) for _ in range(N)]
+            sender.join(WAIT_S)
+            assert not sender.is_alive() and sender.error is None
+        finally:
+            sampler.stop()
+        for i, (status, body) in enumerate(answers):
+            checks[i](status, body)  # in order: each answer is the one for its request
+        sock.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # nothing more: exactly one answer each
+    largest = max(len(body) + 200 for _, body in answers)  # an answer with its head
+    assert sampler.probes > 0 and sampler.high > 0
+    # the buffer held at most the high-water mark, the answer that crossed it, and the answer of
+    # the request that was in the engine when it did
+    assert sampler.most <= sampler.high + 2 * largest, (sampler.most, sampler.high, largest)
+
+
+def test_a_client_that_stops_reading_is_aborted_after_the_idle_timeout(hasty: ServerThread) -> None:
+    raw, _ = workload(N)
+    with non_reading_client(hasty) as sock:
+        sender = Sender(sock, raw)
+        sender.start()
+        wait_for(
+            "the server pauses writing", lambda: (p := probe(hasty, sock)) is not None and p.write_paused
+        )
+        wait_for("the server drops the stalled connection", lambda: probe(hasty, sock) is None)
+        answered = 0
+        buf = bytearray()
+        with pytest.raises(ConnectionError):  # reset (or closed): not a timeout
+            while True:
+                read_response(sock, buf)
+                answered += 1
+        assert answered < N
+        sender.join(WAIT_S)
+        assert not sender.is_alive()
+    with socket.create_connection(("127.0.0.1", hasty.ports["http"]), timeout=WAIT_S) as other:
+        other.sendall(request("GET", "/v2/health/live"))
+        assert read_response(other, bytearray())[0] == 200
+
+
+def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> None:
+    """It reads a little at a time for several idle timeouts: its writes pause and resume, and it
+    gets every answer."""
+    n = N
+    raw, checks = workload(n)
+    with non_reading_client(hasty) as sock:
+        sender = Sender(sock, raw)
+        sender.start()
+        wait_for(
+            "the server pauses writing", lambda: (p := probe(hasty, sock)) is not None and p.write_paused
+        )
+        buf = bytearray()
+        answers = []
+        for _ in range(n):
+            answers.append(read_response(sock, buf))
+            if len(answers) % 50 == 0:
+                time.sleep(0.02)  # 240 pauses: several idle timeouts in all
+        sender.join(WAIT_S)
+        assert not sender.is_alive() and sender.error is None
+    for i, (status, body) in enumerate(answers):
+        checks[i](status, body)
+
+
+# ---- a mock transport: the two pause reasons and the sweeper --------------------------------------
+
+
+class FlowTransport:
+    """Buffers what is written; ``pause_writing`` over ``high`` bytes, ``resume_writing`` when the
+    client's reads bring it to ``low`` or under, as asyncio's transports do."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: HttpConnection, high: int) -> None:
+        self.loop, self.conn = loop, conn
+        self.high, self.low = high, high // 4
+        self.buffer = bytearray()
+        self.received = bytearray()  # what the client has read
+        self.reading = True
+        self.closing = False
+        self.aborted = False
+        self.write_paused = False
+        self.most = 0
+        conn.connection_made(cast(asyncio.Transport, self))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: bytes) -> None:
+        assert not self.closing
+        self.buffer += data
+        self.most = max(self.most, len(self.buffer))
+        if not self.write_paused and len(self.buffer) > self.high:
+            self.write_paused = True
+            self.conn.pause_writing()
+
+    def writelines(self, parts: list[bytes]) -> None:
+        for p in parts:
+            self.write(p)
+
+    def get_write_buffer_size(self) -> int:
+        return len(self.buffer)
+
+    def client_reads(self, n: int | None = None) -> None:
+        n = len(self.buffer) if n is None else n
+        self.received += self.buffer[:n]
+        del self.buffer[:n]
+        if self.write_paused and len(self.buffer) <= self.low:
+            self.write_paused = False
+            self.conn.resume_writing()
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_reading(self) -> bool:
+        return self.reading and not self.closing
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.loop.call_soon(self.conn.connection_lost, None)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.buffer.clear()
+        self.close()
+
+
+class Harness:
+    """One ``HttpConnection`` on a mock transport, on a private loop. Its routes (``route`` is
+    replaced): ``GET /{id}/{size}`` answers ``{id}:`` and ``size`` bytes at once; ``GET
+    /slow/{id}/{size}`` the same once ``gate(id)`` opens, as if from the engine."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, high: int, limits: ServeLimits | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.gates: dict[str, asyncio.Event] = {}
+        self.limits = limits or ServeLimits(receive_timeout_s=5.0, idle_timeout_s=10.0)
+        service = cast(InferenceService, SimpleNamespace(limits=self.limits))
+        monkeypatch.setattr(http_server, "route", self._route)
+
+        async def make() -> HttpConnection:
+            return HttpConnection(HttpServer(service))
+
+        self.conn = self.loop.run_until_complete(make())
+        self.transport = FlowTransport(self.loop, self.conn, high)
+
+    def _route(self, service: InferenceService, req: HttpRequest) -> Any:
+        parts = req.path.strip("/").split("/")
+        if parts[0] != "slow":
+            return Response(200, parts[0].encode() + b":" + b"x" * int(parts[1]))
+        gate = self.gates.setdefault(parts[1], asyncio.Event())
+
+        async def answer() -> Response:
+            await gate.wait()
+            return Response(200, parts[1].encode() + b":" + b"y" * int(parts[2]))
+
+        return answer()
+
+    def gate(self, rid: str) -> None:
+        self.gates.setdefault(rid, asyncio.Event()).set()
+        self.settle()
+
+    def feed(self, *paths: str) -> None:
+        self.conn.data_received(b"".join(f"GET {p} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for p in paths))
+        self.settle()
+
+    def settle(self) -> None:
+        for _ in range(20):
+            self.loop.run_until_complete(asyncio.sleep(0))
+
+    def answers(self) -> list[str]:
+        """The ids of the answers the client has read, in order (each whole, 200)."""
+        data, ids = bytes(self.transport.received), []
+        while data:
+            head, _, rest = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            assert len(rest) >= length, "a partial answer"
+            ids.append(rest[:length].split(b":")[0].decode())
+            data = rest[length:]
+        return ids
+
+    def state(self) -> tuple[bool, bool, bool]:
+        """(queue holds reading paused, write buffer holds it paused, the transport reads)."""
+        return self.conn._paused, self.conn._write_paused, self.transport.reading
+
+    def close(self) -> None:
+        self.transport.close()
+        self.settle()
+        self.loop.close()
+
+
+@pytest.fixture
+def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def make(high: int, limits: ServeLimits | None = None) -> Harness:
+        made.append(Harness(monkeypatch, high, limits))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def test_a_full_write_buffer_stops_handling_until_it_drains(harness: Callable[..., Harness]) -> None:
+    h = harness(4096)
+    h.feed(*(f"/{i}/1000" for i in range(10)))
+    assert h.state() == (False, True, False)
+    assert len(h.conn._queue) == 6  # the 4th answer crossed 4096 bytes: nothing after it started
+    assert h.transport.most <= h.transport.high + 1100
+    h.transport.client_reads()
+    assert h.state() == (False, True, False)  # four more, then full again
+    assert len(h.conn._queue) == 2
+    h.transport.client_reads()
+    assert h.state() == (False, False, True)  # all answered, the buffer under its mark
+    h.transport.client_reads()
+    assert h.answers() == [str(i) for i in range(10)]
+
+
+def test_write_resuming_does_not_undo_the_queue_pause(harness: Callable[..., Harness]) -> None:
+    h = harness(100_000)
+    h.feed("/slow/a/200000", "/slow/b/10", *(f"/{i}/10" for i in range(MAX_PIPELINED + 5)))
+    assert h.state() == (True, False, False)  # a in the engine, MAX_PIPELINED + 6 wait
+    h.gate("a")  # its answer crosses the high-water mark
+    assert h.state() == (True, True, False)
+    h.transport.client_reads()  # drained: b goes to the engine, the queue still holds reading
+    assert h.state() == (True, False, False)
+    assert h.conn._busy and len(h.conn._queue) == MAX_PIPELINED + 5
+    h.gate("b")  # the queue is worked off: reading resumes
+    assert h.state() == (False, False, True)
+    h.transport.client_reads()
+    assert h.answers() == ["a", "b", *(str(i) for i in range(MAX_PIPELINED + 5))]
+
+
+def test_the_queue_emptying_does_not_undo_the_write_pause(harness: Callable[..., Harness]) -> None:
+    h = harness(100_000)
+    small = [f"/{i}/10" for i in range(MAX_PIPELINED - 1)]
+    h.feed("/slow/c/10", *small, "/big/200000")
+    assert h.state() == (True, False, False)
+    h.gate("c")  # the last answer crosses the mark as the queue empties
+    assert not h.conn._queue
+    assert h.state() == (False, True, False)
+    h.transport.client_reads()
+    assert h.state() == (False, False, True)
+    assert h.answers() == ["c", *(str(i) for i in range(MAX_PIPELINED - 1)), "big"]
+
+
+def test_a_request_arriving_while_writes_pause_is_answered_after_the_rest(
+    harness: Callable[..., Harness],
+) -> None:
+    h = harness(4096)
+    h.feed("/0/5000", "/1/10")  # the first fills the buffer; the second waits
+    assert h.state() == (False, True, False)
+    h.feed("/2/10")  # the rest of a chunk read before the pause
+    assert len(h.conn._queue) == 2
+    h.transport.client_reads()
+    assert h.state() == (False, False, True)
+    h.transport.client_reads()
+    assert h.answers() == ["0", "1", "2"]
+
+
+def test_sweeper_aborts_a_stalled_client_not_a_slow_one(harness: Callable[..., Harness]) -> None:
+    h = harness(4096)
+    idle = h.limits.idle_timeout_s
+    h.feed("/0/100000", "/1/10", "/2/10")
+    assert h.state() == (False, True, False)
+    t = time.monotonic()
+    for step in range(1, 6):  # the client reads a little between sweeps: slow, not stalled
+        h.transport.client_reads(1000)
+        h.conn.check_timeouts(t + step * idle, h.limits.receive_timeout_s, idle)
+        assert not h.transport.closing
+    assert h.conn._write_paused  # never drained under the low-water mark
+    h.conn.check_timeouts(t + 5.5 * idle, h.limits.receive_timeout_s, idle)  # nothing read since
+    assert not h.transport.closing
+    h.conn.check_timeouts(t + 7 * idle + 0.1, h.limits.receive_timeout_s, idle)
+    assert h.transport.aborted and not h.conn._queue  # buffered and queued answers dropped
+
+
+def test_sweeper_does_not_count_time_in_the_engine_as_idle(harness: Callable[..., Harness]) -> None:
+    h = harness(4096)
+    idle = h.limits.idle_timeout_s
+    h.feed("/slow/s/10")
+    t = time.monotonic()
+    h.conn.check_timeouts(t + 3 * idle, h.limits.receive_timeout_s, idle)
+    assert not h.transport.closing
+    h.gate("s")
+    h.conn.check_timeouts(t + 3.5 * idle, h.limits.receive_timeout_s, idle)
+    assert not h.transport.closing  # the idle clock started at the last sweep that saw it busy
+    h.conn.check_timeouts(t + 4.5 * idle, h.limits.receive_timeout_s, idle)
+    assert h.transport.closing
+    assert h.answers() == [] and h.transport.buffer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_the_receive_clock_stops_while_the_server_does_not_read(harness: Callable[..., Harness]) -> None:
+    h = harness(4096, ServeLimits(receive_timeout_s=2.0, idle_timeout_s=100.0))
+    recv = h.limits.receive_timeout_s
+    # the first answer fills the buffer; a second request's head arrived in the same chunk
+    h.conn.data_received(b"GET /0/10000 HTTP/1.1\r\nHost: x\r\n\r\nGET /1/10 HTTP/1.1\r\nHo")
+    assert h.state() == (False, True, False)
+    t = time.monotonic()
+    h.conn.check_timeouts(t + 10 * recv, recv, h.limits.idle_timeout_s)
+    assert not h.transport.closing  # the server is the one not reading: no 408
+    h.transport.client_reads()
+    assert h.state() == (False, False, True)
+    resumed = time.monotonic()
+    h.conn.check_timeouts(resumed + recv / 2, recv, h.limits.idle_timeout_s)
+    assert not h.transport.closing  # its clock restarted when reading did
+    h.conn.check_timeouts(resumed + recv + 1.0, recv, h.limits.idle_timeout_s)
+    assert h.transport.closing
+    h.transport.client_reads()
+    assert b"408 Request Timeout" in h.transport.received

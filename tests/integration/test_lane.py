@@ -1,0 +1,180 @@
+"""The inline lane (engine/lane.py): a small model answered on the thread that received the request,
+in both worker modes and through every front end; the same outputs and statistics as the worker
+path; and the cases where it must hand the request to the queue instead."""
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lumenrt.client import HttpClient, InferenceError, TcpClient
+from lumenrt.engine.config import ConfigError
+from lumenrt.engine.engine import Engine, EngineConfig
+from lumenrt.engine.request import InvalidInput
+from lumenrt.models.builtin import builtin_examples
+from lumenrt.server.app import ServeOptions, ServerThread
+from tests.integration import slow_model_state
+from tests.integration.test_engine import write_py_model
+
+MODEL = "digits_mlp"
+WAIT_S = 20.0
+
+
+def one() -> dict[str, np.ndarray]:
+    return builtin_examples(MODEL, 1)
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    with Engine(models=[MODEL], settings=EngineConfig(worker_mode=request.param, lane="inline")) as eng:
+        yield eng
+
+
+def test_inline_answers_what_the_workers_answer(engine: Engine) -> None:
+    rt = engine.runtime(MODEL)
+    assert rt.lane.active and rt.lane.probe_us > 0
+    x = builtin_examples(MODEL, 3)
+    before = rt.statistics()["requests"]
+    inline = rt.run_inline(x)
+    assert inline is not None
+    queued = engine.infer(MODEL, x).outputs  # the in-process API queues (another path)
+    assert set(inline) == set(queued)
+    for name in queued:
+        np.testing.assert_allclose(inline[name], queued[name], rtol=1e-6)
+    stats = rt.statistics()
+    assert stats["requests"] == before + 2  # counted whichever way it ran
+    assert stats["lane"]["requests"] >= 1
+
+
+def test_inline_refuses_bad_input_naming_it(engine: Engine) -> None:
+    rt = engine.runtime(MODEL)
+    with pytest.raises(InvalidInput, match="input 'input'"):
+        rt.run_inline({"input": np.zeros((1, 3), dtype=np.float32)})
+    with pytest.raises(InvalidInput, match="missing input"):
+        rt.run_inline({})
+
+
+def test_inline_hands_over_when_requests_wait_in_the_ring(engine: Engine) -> None:
+    rt = engine.runtime(MODEL)
+    assert rt.lane.run(one(), queued=0) is not None
+    assert rt.lane.run(one(), queued=1) is None  # a request waits in the ring: keep order
+
+
+def test_queue_loads_no_lane_and_auto_decides_by_the_probe() -> None:
+    with Engine(models=[MODEL], settings=EngineConfig(lane="queue")) as eng:
+        rt = eng.runtime(MODEL)
+        assert not rt.lane.active and rt.run_inline(one()) is None
+    with Engine(models=[MODEL], settings=EngineConfig(lane="auto", lane_max_us=0)) as eng:
+        rt = eng.runtime(MODEL)
+        assert rt.lane.probe_us > 0 and not rt.lane.active  # no model computes in 0 us
+        assert rt.statistics()["lane"]["active"] is False
+    with Engine(models=[MODEL], settings=EngineConfig(lane="auto", lane_max_us=1_000_000)) as eng:
+        assert eng.runtime(MODEL).lane.active
+
+
+def test_lane_key_is_checked() -> None:
+    with pytest.raises(ConfigError, match=r"engine\.lane"):
+        EngineConfig(lane="fast")
+    with pytest.raises(ConfigError, match=r"engine\.lane_max_us"):
+        EngineConfig(lane_max_us=-1)
+
+
+def test_a_busy_queue_sends_requests_to_the_workers(tmp_path: Path) -> None:
+    """A request that finds another waiting in the ring queues behind it, and all are answered."""
+    write_py_model(tmp_path, max_queue=8)
+    slow_model_state.GATE.set()
+    with Engine(tmp_path, models=["slow"], settings=EngineConfig(lane="inline")) as eng:
+        rt = eng.runtime("slow")
+        x = {"x": np.ones((1, 2), dtype=np.float32)}
+        assert rt.run_inline(x) is not None  # gate open: runs here; this thread owns the lane
+        slow_model_state.ENTERED.clear()
+        slow_model_state.GATE.clear()
+        try:
+            held = rt.submit(x)  # the worker takes it and blocks in the model
+            assert slow_model_state.ENTERED.wait(WAIT_S)
+            waiting = rt.submit(x)  # waits in the ring
+            assert len(rt.ring) == 1
+            assert rt.run_inline(x) is None  # the lane does not overtake it
+        finally:
+            slow_model_state.GATE.set()
+        for req in (held, waiting):
+            assert rt.table.latches.wait(req.index, timeout_s=WAIT_S)
+            assert req.error is None
+            rt.release(req)
+
+
+def test_one_request_at_a_time_on_the_lane(tmp_path: Path) -> None:
+    """While one caller's request runs on the lane (blocked in the model), another caller queues."""
+    write_py_model(tmp_path, max_queue=8)
+    with Engine(tmp_path, models=["slow"], settings=EngineConfig(lane="inline")) as eng:
+        rt = eng.runtime("slow")
+        x = {"x": np.ones((1, 2), dtype=np.float32)}
+        slow_model_state.ENTERED.clear()
+        slow_model_state.GATE.clear()
+        box: list[Any] = []
+        t = threading.Thread(target=lambda: box.append(rt.run_inline(x)))
+        try:
+            t.start()
+            assert slow_model_state.ENTERED.wait(WAIT_S)  # the other thread holds the lane
+            assert rt.run_inline(x) is None
+            queued = rt.submit(x)  # so this caller's request goes to the workers
+        finally:
+            slow_model_state.GATE.set()
+        t.join(WAIT_S)
+        np.testing.assert_array_equal(box[0]["y"], x["x"] * 2)
+        assert rt.table.latches.wait(queued.index, timeout_s=WAIT_S)
+        assert queued.error is None
+        rt.release(queued)
+        assert rt.run_inline(x) is not None  # the token came back
+
+
+@pytest.fixture(scope="module")
+def server(engine: Engine) -> Iterator[ServerThread]:
+    with ServerThread(engine, ServeOptions(http_port=0, grpc_port=0, tcp_port=0)) as st:
+        yield st
+
+
+def test_front_ends_answer_on_the_lane(engine: Engine, server: ServerThread) -> None:
+    import tritonclient.grpc as grpcclient
+
+    rt = engine.runtime(MODEL)
+    x = builtin_examples(MODEL, 2)
+    want = engine.infer(MODEL, x).outputs
+    before = rt.lane.stats.requests
+    with TcpClient("127.0.0.1", server.ports["tcp"]) as tcp:
+        got_tcp = tcp.infer(MODEL, x, timing=True)
+    with HttpClient("127.0.0.1", server.ports["http"]) as http:
+        got_http = http.infer(MODEL, x).outputs
+        stats = http.get_json(f"/v2/models/{MODEL}/stats")["model_stats"][0]
+        config = http.get_json(f"/v2/models/{MODEL}/config")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
+    try:
+        inp = grpcclient.InferInput("input", list(x["input"].shape), "FP32")
+        inp.set_data_from_numpy(x["input"])
+        got_grpc = client.infer(MODEL, [inp])
+    finally:
+        client.close()
+    for name, value in want.items():
+        np.testing.assert_allclose(got_tcp.outputs[name], value, rtol=1e-6)
+        np.testing.assert_allclose(got_http[name], value, rtol=1e-6)
+        np.testing.assert_allclose(got_grpc.as_numpy(name), value, rtol=1e-6)
+    assert rt.lane.stats.requests == before + 3
+    assert got_tcp.timing["queue_ns"] == 0 and got_tcp.timing["compute_ns"] > 0  # never queued
+    assert stats["lumenrt"]["lane"]["active"] is True
+    assert config["parameters"]["lumenrt_lane"]["string_value"] == "inline"
+
+
+def test_front_ends_name_the_field_on_the_lane(server: ServerThread) -> None:
+    bad = {"input": np.zeros((1, 5), dtype=np.float32)}
+    with TcpClient("127.0.0.1", server.ports["tcp"]) as tcp:
+        with pytest.raises(InferenceError, match="input") as err:
+            tcp.infer(MODEL, bad)
+        assert err.value.status == 400
+        assert tcp.infer(MODEL, one()).outputs  # the connection goes on
+    with HttpClient("127.0.0.1", server.ports["http"]) as http:
+        with pytest.raises(InferenceError, match="input") as err:
+            http.infer(MODEL, bad)
+        assert err.value.status == 400
