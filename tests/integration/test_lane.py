@@ -178,3 +178,16 @@ def test_front_ends_name_the_field_on_the_lane(server: ServerThread) -> None:
         with pytest.raises(InferenceError, match="input") as err:
             http.infer(MODEL, bad)
         assert err.value.status == 400
+
+
+def test_auto_leaves_python_models_to_the_workers(tmp_path: Path) -> None:
+    """A Python model may block (this one waits on a gate): auto never runs it on the lane."""
+    write_py_model(tmp_path, max_queue=8)
+    slow_model_state.GATE.clear()  # were it probed at load, the load would block here
+    try:
+        settings = EngineConfig(lane="auto", lane_max_us=1_000_000)
+        with Engine(tmp_path, models=["slow"], settings=settings) as eng:
+            rt = eng.runtime("slow")
+            assert not rt.lane.active and rt.lane.probe_us == 0
+    finally:
+        slow_model_state.GATE.set()

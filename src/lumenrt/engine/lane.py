@@ -12,7 +12,9 @@ Engine key ``lane`` (an architecture choice like ``queue_type``, measured in the
   auto     as inline for a model whose batch-1 compute, timed at load as the fastest of
            ``PROBE_RUNS`` runs of the lane session (the fastest, so that a busy machine at load
            does not decide it), is at most ``engine.lane_max_us``; otherwise as queue and the lane
-           session is closed again.
+           session is closed again. Only for the compiled backends (``AUTO_BACKENDS``): a Python
+           model may block or wait on I/O, which would stall every connection of the event loop,
+           and is never timed by running it; ``inline`` takes any backend at the user's word.
 
 Invariants
   1. Work-conserving and order-keeping: the lane takes a request only when the model's ring is
@@ -43,6 +45,7 @@ from lumenrt.engine.request import Array, EngineError, StageTimes
 from lumenrt.engine.validate import validate_inputs
 from lumenrt.engine.worker import WorkerStats, zeros_for
 
+AUTO_BACKENDS = ("onnxruntime", "xgboost", "pytorch")  # compute only, GIL released while they run
 PROBE_RUNS = 50  # batch-1 runs timed at load for ``auto`` (after the model's warm-up)
 
 
@@ -67,7 +70,7 @@ class InlineLane:
 
     def open(self) -> None:
         """Load the lane's session, warm it, time it; ``auto`` keeps it only if the model is small."""
-        if self.mode == "queue":
+        if self.mode == "queue" or (self.mode == "auto" and self.config.backend not in AUTO_BACKENDS):
             return
         session = self._backend.load(self._model_path, self.config, Placement(cores=(), intra_op_threads=1))
         try:
