@@ -115,6 +115,7 @@ class InferenceService:
         self.accepting = True
         self.in_flight = 0
         self._drain_cut = False  # set by cut_drain(): wait_idle returns at once
+        self._lane_turn = False  # a request ran inline in this turn of the event loop
         self._counters: dict[tuple[str, int], _Counters] = {}
         self._repo_lock = threading.Lock()  # one load/unload at a time
 
@@ -379,8 +380,10 @@ class InferenceService:
         when the lane does not take it (no lane, queue not empty, shutting down): the caller then
         awaits ``infer``. Raises ServerError. The outcome's stage times are the lane's, valid until
         its next request: encode the answer before serving another."""
-        if not self.accepting:
+        if not self.accepting or self._lane_turn:
             return None
+        self._lane_turn = True  # work-conserving: see ``_new_turn``
+        asyncio.get_running_loop().call_soon(self._new_turn)
         start = received_ns or time.monotonic_ns()
         try:
             result = rt.run_inline(arrays)
@@ -396,6 +399,14 @@ class InferenceService:
         if timing:
             params = {f"lumenrt_{k}": v for k, v in timing_parameters(times).items()}
         return InferOutcome(rt.config.name, rt.version, [(n, result[n]) for n in outputs], times, params)
+
+    def _new_turn(self) -> None:
+        """The event loop finished the I/O callbacks of one turn. One request per turn runs inline;
+        the others that arrived in the same turn (other connections, or pipelined frames) are
+        handed to the workers: while the loop computes one, it is not reading, parsing or writing
+        for the rest, and under load the workers' core does that compute in parallel. At one client
+        every request has a turn of its own, so every request runs inline."""
+        self._lane_turn = False
 
     @staticmethod
     def _outcome(result: InferResult, outputs: list[str], timing: bool, start_ns: int) -> InferOutcome:

@@ -56,9 +56,78 @@ def _params(value: Any, where: str) -> dict[str, Any]:
     return {} if value is None else _obj(value, where)
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A JSON header of the binary form whose inputs are all binary, decoded and checked once:
+    clients send the same header bytes for every request of one signature, so a request with
+    those bytes only needs its binary part cut into arrays."""
+
+    request_id: str | None
+    binary_output: bool
+    timeout_s: float | None
+    timing: bool
+    inputs: tuple[tuple[str, str, tuple[int, ...], int], ...]  # name, datatype, shape, bytes
+    outputs: tuple[tuple[str, bool | None], ...]
+    binary_bytes: int  # sum of the inputs' bytes
+
+
+# Decoded headers by their bytes and the max_elements they were checked against. Bounded: at most
+# PLAN_CACHE_ENTRIES keys of at most PLAN_CACHE_MAX_BYTES (the cache is emptied when full).
+PLAN_CACHE_ENTRIES = 1024
+PLAN_CACHE_MAX_BYTES = 1024
+_plans: dict[tuple[bytes, int], _Plan] = {}
+
+
+def _from_plan(plan: _Plan, view: memoryview, at: int, total: int) -> ParsedInfer:
+    if at + plan.binary_bytes != total:
+        raise bad_request(
+            f"the inputs take {plan.binary_bytes} bytes of binary data but the body has {total - at}"
+        )
+    inputs = []
+    for i, (name, datatype, shape, size) in enumerate(plan.inputs):
+        inputs.append(
+            WireInput(name, datatype, shape, from_raw(view[at : at + size], datatype, shape, f"inputs[{i}]"))
+        )
+        at += size
+    return ParsedInfer(
+        inputs, plan.request_id, dict(plan.outputs), plan.binary_output, plan.timeout_s, plan.timing
+    )
+
+
+def _plan_of(parsed: ParsedInfer, sizes: list[int]) -> _Plan:
+    return _Plan(
+        parsed.request_id,
+        parsed.binary_output,
+        parsed.timeout_s,
+        parsed.timing,
+        tuple((w.name, w.datatype, w.shape, n) for w, n in zip(parsed.inputs, sizes, strict=True)),
+        tuple(parsed.outputs.items()),
+        sum(sizes),
+    )
+
+
 def parse_infer_request(body: bytes, header_length: int | None, max_elements: int) -> ParsedInfer:
     """Decode a JSON (``header_length`` None) or JSON+binary infer body."""
     view = memoryview(body)
+    key: tuple[bytes, int] | None = None
+    if header_length is not None and 0 < header_length <= min(PLAN_CACHE_MAX_BYTES, len(body)):
+        key = (body[:header_length], max_elements)
+        plan = _plans.get(key)
+        if plan is not None:
+            return _from_plan(plan, view, header_length, len(body))
+    parsed, sizes = _parse(body, view, header_length, max_elements)
+    if key is not None and len(sizes) == len(parsed.inputs):  # every input binary: reusable
+        if len(_plans) >= PLAN_CACHE_ENTRIES:
+            _plans.clear()
+        _plans[key] = _plan_of(parsed, sizes)
+    return parsed
+
+
+def _parse(
+    body: bytes, view: memoryview, header_length: int | None, max_elements: int
+) -> tuple[ParsedInfer, list[int]]:
+    """The full decode; also the byte sizes of the binary inputs, in order."""
+    sizes: list[int] = []
     if header_length is None:
         header_length = len(body)
     elif header_length > len(body):
@@ -107,6 +176,7 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
                 )
             array = from_raw(view[at : at + size], datatype, shape, where)
             at += size
+            sizes.append(size)
         elif "data" in entry:
             array = from_json(entry["data"], datatype, shape, where)
         else:
@@ -126,7 +196,7 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
                 raise bad_request(f"outputs[{i}].name must be a non-empty string")
             oparams = _params(entry.get("parameters"), f"outputs[{i}].parameters")
             out.outputs[name] = output_parameters(oparams, f"outputs[{i}].parameters")
-    return out
+    return out, sizes
 
 
 def parse_raw_request(body: bytes, config: ModelConfig) -> ParsedInfer:
@@ -151,8 +221,37 @@ def parse_raw_request(body: bytes, config: ModelConfig) -> ParsedInfer:
     return ParsedInfer([WireInput(spec.name, spec.datatype, shape, array)], raw=True, binary_output=True)
 
 
+# Response headers of all-binary answers of fixed-size datatypes without parameters, by (model,
+# version, id, outputs' names, dtypes and shapes): the same for every answer of one signature.
+# Bounded like _plans.
+_headers: dict[tuple[Any, ...], bytes] = {}
+
+
 def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any]]:
     """The response's JSON header and the binary output chunks that follow it (maybe none)."""
+    if (
+        not outcome.parameters
+        and (parsed.raw or (parsed.binary_output and not parsed.outputs))
+        and all(array.dtype.kind not in "OSU" for _, array in outcome.outputs)  # sizes vary
+    ):
+        key = (
+            outcome.model,
+            outcome.version,
+            parsed.request_id,
+            tuple((name, array.dtype.str, array.shape) for name, array in outcome.outputs),
+        )
+        header = _headers.get(key)
+        if header is None:
+            header, chunks = _encode(outcome, parsed)
+            if len(_headers) >= PLAN_CACHE_ENTRIES:
+                _headers.clear()
+            _headers[key] = header
+            return header, chunks
+        return header, [to_raw(array) for _, array in outcome.outputs]
+    return _encode(outcome, parsed)
+
+
+def _encode(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any]]:
     outputs: list[dict[str, Any]] = []
     chunks: list[Any] = []
     for name, array in outcome.outputs:

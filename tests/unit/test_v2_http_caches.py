@@ -1,0 +1,95 @@
+"""The V2 HTTP codec's caches: a binary-form request header decoded once is reused for the same
+bytes (and only then), and an all-binary response header is encoded once per signature; neither
+changes what a request decodes to or what an answer says, and both stay bounded."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lumenrt.client.http import encode_infer
+from lumenrt.engine.request import StageTimes
+from lumenrt.server import v2_http
+from lumenrt.server.errors import ServerError
+from lumenrt.server.service import InferOutcome
+
+MAX_ELEMENTS = 1 << 20
+
+
+def binary_request(x: np.ndarray, **kw: object) -> tuple[bytes, int]:
+    req = encode_infer("m", {"x": x}, **kw)  # type: ignore[arg-type]
+    return req.body, int(req.headers["Inference-Header-Content-Length"])
+
+
+@pytest.fixture(autouse=True)
+def empty_caches() -> None:
+    v2_http._plans.clear()
+    v2_http._headers.clear()
+
+
+def test_a_repeated_header_decodes_to_the_same_request_from_the_cache() -> None:
+    first, second = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((2, 4), dtype=np.float32)
+    body1, n1 = binary_request(first, timeout_s=0.5)
+    body2, n2 = binary_request(second, timeout_s=0.5)
+    assert body1[:n1] == body2[:n2]  # same signature, same header bytes
+    a = v2_http.parse_infer_request(body1, n1, MAX_ELEMENTS)
+    assert len(v2_http._plans) == 1
+    b = v2_http.parse_infer_request(body2, n2, MAX_ELEMENTS)  # from the plan
+    assert len(v2_http._plans) == 1
+    for parsed, want in ((a, first), (b, second)):
+        (w,) = parsed.inputs
+        assert (w.name, w.datatype, w.shape) == ("x", "FP32", (2, 4))
+        np.testing.assert_array_equal(w.array, want)
+        assert parsed.timeout_s == 0.5 and parsed.binary_output is True
+
+
+def test_a_cached_header_still_checks_the_binary_length() -> None:
+    body, n = binary_request(np.ones((2, 4), dtype=np.float32))
+    v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
+    for bad in (body[:-4], body + b"\0\0\0\0"):
+        with pytest.raises(ServerError, match="binary data") as err:
+            v2_http.parse_infer_request(bad, n, MAX_ELEMENTS)
+        assert err.value.status == 400
+
+
+def test_json_data_inputs_are_not_cached() -> None:
+    doc = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]}).encode()
+    v2_http.parse_infer_request(doc, len(doc), MAX_ELEMENTS)
+    assert v2_http._plans == {}
+
+
+def test_the_plan_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(v2_http, "PLAN_CACHE_ENTRIES", 4)
+    for rows in range(1, 11):
+        body, n = binary_request(np.ones((rows, 4), dtype=np.float32))
+        v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
+        assert len(v2_http._plans) <= 4
+
+
+def outcome(y: np.ndarray, **params: object) -> InferOutcome:
+    return InferOutcome("m", 1, [("y", y)], StageTimes(), dict(params))
+
+
+def test_response_headers_are_cached_per_signature_and_say_the_same() -> None:
+    body, n = binary_request(np.ones((2, 4), dtype=np.float32))
+    parsed = v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
+    y1, y2 = np.zeros((2, 3), dtype=np.float32), np.full((2, 3), 7, dtype=np.float32)
+    h1, c1 = v2_http.encode_infer_response(outcome(y1), parsed)
+    assert bytes(c1[0]) == y1.tobytes()
+    h2, c2 = v2_http.encode_infer_response(outcome(y2), parsed)
+    assert h1 == h2 and len(v2_http._headers) == 1
+    assert bytes(c2[0]) == y2.tobytes()
+    h3, _ = v2_http.encode_infer_response(outcome(np.zeros((5, 3), dtype=np.float32)), parsed)
+    assert json.loads(h3)["outputs"][0]["shape"] == [5, 3]  # another shape, its own header
+    fresh, _ = v2_http._encode(outcome(y2), parsed)
+    assert fresh == h2
+
+
+def test_answers_with_parameters_or_bytes_are_never_cached() -> None:
+    body, n = binary_request(np.ones((1, 4), dtype=np.float32))
+    parsed = v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
+    v2_http.encode_infer_response(outcome(np.zeros((1, 3), dtype=np.float32), lumenrt_queue_ns=5), parsed)
+    text = np.array([b"a", b"bcd"], dtype=object)
+    h, _ = v2_http.encode_infer_response(outcome(text), parsed)
+    assert v2_http._headers == {}
+    assert json.loads(h)["outputs"][0]["parameters"]["binary_data_size"] == 4 + 1 + 4 + 3
