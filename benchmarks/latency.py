@@ -23,6 +23,8 @@ digits_mlp, batch 1, in one run on this machine:
 4. **Throughput** with ``lumenrt bench load`` (closed loop, ``--load-s`` seconds): TCP at
    concurrency 8 (against the baseline when given), and HTTP and gRPC at concurrency 1, 4, 8 against
    FastAPI with 2 uvicorn workers.
+5. **SqueezeNet** batch 1 through TCP, HTTP and gRPC at concurrency 1, 2, 4, 8 against the raw loop
+   of the same run (2 threads, an ONNX Runtime session each, no server).
 
 FastAPI runs from ``--fastapi-python`` (default ``.venv-fastapi/bin/python``, which
 ``benchmarks/peers/run.py`` creates; fastapi, uvicorn[standard], onnxruntime, numpy); without it
@@ -142,7 +144,7 @@ def fastapi_server(python: Path, model_path: Path, workers: int) -> Iterator[int
     env = {**os.environ, "PEERS_FASTAPI_MODELS": f"{MODEL}={model_path}"}
     cmd = [str(python), "-m", "uvicorn", "fastapi_app:app", "--app-dir", str(HERE / "peers"),
            "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--no-access-log",
-           "--log-level", "warning"]  # fmt: skip
+           "--log-level", "warning", "--timeout-keep-alive", "600"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -296,10 +298,10 @@ def model_call_allocations(lib: Path, tmp: Path, model_path: Path, inputs: dict[
 
 
 def load(
-    target: str, concurrency: int, seconds: float, out_dir: Path, name: str, *extra: str
+    target: str, concurrency: int, seconds: float, out_dir: Path, name: str, *extra: str, model: str = MODEL
 ) -> dict[str, float]:
     """One closed-loop ``lumenrt bench load`` run (one load process, as the peer table)."""
-    cmd = [sys.executable, "-m", "lumenrt.cli", "bench", "load", "--target", target, "--model", MODEL,
+    cmd = [sys.executable, "-m", "lumenrt.cli", "bench", "load", "--target", target, "--model", model,
            "--concurrency", str(concurrency), "--duration-s", str(seconds), "--warmup-s", "1",
            "--no-stages", "--quiet", "--json", "--out", str(out_dir), "--name", name, *extra]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -313,6 +315,40 @@ def load(
         "p99_us": round(float(lat["p99"]), 1),
         "errors": int(summary["counts"]["errors"]),
     }
+
+
+# ---- 5. SqueezeNet -----------------------------------------------------------------------------
+
+
+def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
+    """SqueezeNet batch 1 through each protocol at concurrency 1, 2, 4, 8, against the raw loop of
+    the same run (2 threads, each with its own ONNX Runtime session, batch 1, no server)."""
+    from lumenrt.bench.engine_bench import best_raw
+    from lumenrt.bench.engine_load import Phase
+
+    raw = best_raw("latency", "squeezenet", [1], Phase(1.0, seconds))
+    raw_per_s = float(raw.throughput_per_s or 0.0)
+    rows: dict[str, dict[str, Any]] = {
+        "raw loop (2 sessions, batch 1)": {"throughput_per_s": round(raw_per_s, 1)}
+    }
+    with start_serve("--models", "squeezenet", cwd=str(ROOT)) as s:
+        meta = ("--metadata-url", f"http://{s.http_url}")
+        targets = {
+            "TCP": f"tcp://127.0.0.1:{s.ports['tcp']}",
+            "HTTP binary": f"http://{s.http_url}",
+            "gRPC": f"grpc://{s.grpc_url}",
+        }
+        for c in (1, 2, 4, 8):
+            for proto, target in targets.items():
+                row: dict[str, Any] = load(
+                    target, c, seconds, out_dir, f"squeezenet-{proto}-c{c}", *meta, model="squeezenet"
+                )
+                row["x raw"] = round(row["throughput_per_s"] / raw_per_s, 3) if raw_per_s else None
+                row["p99/p50"] = round(row["p99_us"] / row["p50_us"], 2) if row["p50_us"] else None
+                rows[f"{proto} c{c}"] = row
+    cols = ("throughput_per_s", "x raw", "p50_us", "p99_us", "p99/p50")
+    print(_table("SqueezeNet batch 1 (closed loop)", rows, cols))
+    return rows
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -333,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fastapi-python", type=Path, default=ROOT / ".venv-fastapi" / "bin" / "python")
     p.add_argument("--alloc-n", type=int, default=10000, help="requests counted per path (default 10000)")
     p.add_argument("--load-s", type=float, default=5.0, help="seconds per throughput run (default 5)")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: rtt,stages,alloc,load")
+    p.add_argument(
+        "--skip", default="", help="comma list of sections to skip: rtt,stages,load,squeezenet,alloc"
+    )
     p.add_argument("--out", type=Path, default=Path("results"))
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -427,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       "--input-file", str(raw))  # fmt: skip
     if "load" not in skip:
         print(_table("throughput (closed loop)", tput, ("throughput_per_s", "p50_us", "p99_us", "errors")))
+    if "squeezenet" not in skip:
+        result["squeezenet"] = squeezenet(args.out, args.load_s)
     if "alloc" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             lib = build_counter(Path(tmp))
