@@ -16,7 +16,7 @@ BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.
 E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
             'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
 
-.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python bench bench-serve bench-matrix bench-peers dashboard report triton-peer clean
+.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python bench bench-serve bench-matrix bench-peers bench-latency dashboard report triton-peer clean
 
 all: install
 
@@ -92,6 +92,11 @@ bench-matrix: install
 # .venv-triton, .venv-mlserver and .venv-fastapi itself (~16-18 min; ARGS="--quick" for a smoke run)
 bench-peers: install
 	$(BIN)/python benchmarks/peers/run.py $(ARGS)
+
+# the small-model request path: c1 round trips against an echo floor and FastAPI, stages,
+# allocations per request, throughput, SqueezeNet per protocol (~6 min; creates .venv-fastapi)
+bench-latency: install
+	$(BIN)/python benchmarks/latency.py $(ARGS)
 
 # the Streamlit dashboard over results/ (http://127.0.0.1:8501), and the same plots as one HTML file
 dashboard: install

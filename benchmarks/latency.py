@@ -26,9 +26,8 @@ digits_mlp, batch 1, in one run on this machine:
 5. **SqueezeNet** batch 1 through TCP, HTTP and gRPC at concurrency 1, 2, 4, 8 against the raw loop
    of the same run (2 threads, an ONNX Runtime session each, no server).
 
-FastAPI runs from ``--fastapi-python`` (default ``.venv-fastapi/bin/python``, which
-``benchmarks/peers/run.py`` creates; fastapi, uvicorn[standard], onnxruntime, numpy); without it
-those rows are skipped with a note. Prints the tables and writes ``latency-<stamp>.json``.
+FastAPI runs from ``--fastapi-python`` (default ``.venv-fastapi``, created with the peer
+benchmark's pins when missing; ``--no-fastapi`` leaves those rows out). Prints the tables and writes ``latency-<stamp>.json``.
 """
 
 import argparse
@@ -61,6 +60,17 @@ ROOT = HERE.parent
 MODEL = "digits_mlp"
 WARMUP = 300
 Measure = Callable[[int], list[int]]  # n requests -> per-request latencies (ns)
+DEFAULT_FASTAPI = ROOT / ".venv-fastapi" / "bin" / "python"
+
+
+def fastapi_venv() -> None:
+    """``.venv-fastapi`` with the peer benchmark's pins (benchmarks/peers/venvs.py)."""
+    sys.path.insert(0, str(HERE / "peers"))
+    try:
+        from venvs import ensure_venv, venv_specs  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    ensure_venv(venv_specs()["fastapi"])
 
 
 # ---- clients: each returns a function that times n back-to-back requests ------------------------
@@ -366,7 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=5000, help="requests per row per round (default 5000)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; figures are their medians")
     p.add_argument("--baseline-python", help="a python whose lumenrt is the baseline (another venv)")
-    p.add_argument("--fastapi-python", type=Path, default=ROOT / ".venv-fastapi" / "bin" / "python")
+    p.add_argument(
+        "--fastapi-python",
+        type=Path,
+        default=DEFAULT_FASTAPI,
+        help="python with fastapi, uvicorn, onnxruntime, numpy (default: .venv-fastapi, created "
+        "with the peer benchmark's pins if missing)",
+    )
+    p.add_argument("--no-fastapi", action="store_true", help="leave out the FastAPI rows")
     p.add_argument("--alloc-n", type=int, default=10000, help="requests counted per path (default 10000)")
     p.add_argument("--load-s", type=float, default=5.0, help="seconds per throughput run (default 5)")
     p.add_argument(
@@ -377,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     inputs = builtin_examples(MODEL, 1)
     model_path = ensure_builtin_repository() / MODEL / "1" / "model.onnx"
-    fastapi = args.fastapi_python if args.fastapi_python.exists() else None
+    if args.fastapi_python == DEFAULT_FASTAPI and not args.no_fastapi:
+        fastapi_venv()  # created (or brought up to its pins) as the peer benchmark does
+    fastapi = args.fastapi_python if args.fastapi_python.exists() and not args.no_fastapi else None
     if fastapi is None:
         print(f"note: no FastAPI interpreter at {args.fastapi_python}: FastAPI rows skipped", file=sys.stderr)
     base = args.baseline_python

@@ -109,7 +109,21 @@ def test_killed_worker_fails_its_requests_is_replaced_and_ready_again(engine: En
         assert time.monotonic() < deadline
         time.sleep(0.005)
     time.sleep(0.1)  # both are inside infer()
+    # readiness sampled from the kill on, while the other request still runs: it must turn false
+    # at the death and true again once the replacement has loaded
+    readiness: list[bool] = []
+
+    def sample() -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            readiness.append(engine.ready("sleepy"))
+            if False in readiness and readiness[-1]:
+                return
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
     os.kill(pids[0], signal.SIGKILL)
+    sampler.start()
     for t in threads:
         t.join(60)
     died = [o for o in outcomes if isinstance(o, WorkerDied)]
@@ -119,13 +133,9 @@ def test_killed_worker_fails_its_requests_is_replaced_and_ready_again(engine: En
     # not ready from the death until the replacement has loaded (a replacement that cannot load
     # keeps it not ready: test_engine_faults.py::test_failed_replacement_is_retried...)
     assert rt.statistics()["worker_deaths"] == 1
-    samples = []
-    deadline = time.monotonic() + 60
-    while not engine.ready("sleepy"):
-        samples.append(rt.statistics()["pids"][0])
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert samples, "ready again before the replacement could have loaded"
+    sampler.join(60)
+    assert False in readiness, "never not ready after the death"
+    assert readiness[-1] and engine.ready("sleepy"), "not ready again after the replacement loaded"
     new_pids = rt.statistics()["pids"]
     assert new_pids[0] != pids[0] and new_pids[1] == pids[1]
     assert rt.statistics()["worker_deaths"] == 1

@@ -46,7 +46,7 @@ import numpy as np
 
 from lumenrt.backends.base import Placement
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.lane import InlineLane
+from lumenrt.engine.lane import InlineLane, add_lane_stats
 from lumenrt.engine.process_worker import (
     CANCELLED,
     FAILED,
@@ -82,6 +82,7 @@ from lumenrt.engine.slot_layout import (
     slot_bytes_needed,
     write_inputs,
 )
+from lumenrt.engine.worker import WorkerStats
 from lumenrt.native import (
     DESC_DTYPE,
     HOLD_DONE,
@@ -220,6 +221,10 @@ class ProcessModelRuntime:
         self.closed = False
         self.stopping = False  # shutdown began: no worker is replaced any more
         self.rejected = 0
+        # per-request statistics as thread mode keeps them, added up where answers are read: one
+        # WorkerStats per reading thread (the completion thread, synchronous callers), so each has
+        # one writer; ``_rows_seen``: request rows by the size of the batch they ran in
+        self._reader_stats: dict[int, tuple[WorkerStats, dict[int, int]]] = {}
         self.worker_deaths = 0
         self.replacement_failures = 0
 
@@ -450,6 +455,7 @@ class ProcessModelRuntime:
             t.batch_formed_ns = t.compute_start_ns = int(h["compute_start_ns"])
             t.compute_end_ns = int(h["compute_end_ns"])
             t.batch_size = int(h["batch_rows"])
+            self._count(req, code)
         if code == OK:
             req.outputs = {k: v.copy() for k, v in read_tensors(slot_view, self.config, outputs=True).items()}
         elif code == TIMED_OUT:
@@ -467,6 +473,26 @@ class ProcessModelRuntime:
         self.pool.free(req.slot)
         req.slot = -1
         t.completed_ns = time.monotonic_ns()
+
+    def _count(self, req: InferRequest, code: int) -> None:
+        """This reading thread's statistics for one answer from a worker (see ``__init__``)."""
+        mine = self._reader_stats.get(threading.get_ident())
+        if mine is None:
+            mine = self._reader_stats.setdefault(threading.get_ident(), (WorkerStats(), {}))
+        stats, rows_seen = mine
+        t = req.times
+        if code == TIMED_OUT:
+            stats.expired += 1
+        elif code == CANCELLED:
+            stats.cancelled += 1
+        elif code == FAILED:
+            stats.failures += 1
+        elif code == OK:
+            stats.queue_ns += t.dequeued_ns - t.enqueued_ns
+            stats.input_ns += t.compute_start_ns - t.dequeued_ns
+            stats.infer_ns += t.compute_end_ns - t.compute_start_ns
+            stats.output_ns += time.monotonic_ns() - t.compute_end_ns
+            rows_seen[t.batch_size] = rows_seen.get(t.batch_size, 0) + req.rows
 
     def _supervise(self) -> None:
         """The supervisor thread (see the top): spawns, watches, fails, replaces, reaps."""
@@ -555,8 +581,25 @@ class ProcessModelRuntime:
     # ---- statistics -----------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
-        lane = self.lane.stats
+        """The keys and meanings of thread mode's ``ModelRuntime.statistics``, plus the workers'
+        deaths, replacement failures and pids."""
+        total = WorkerStats()
+        rows_seen: dict[int, int] = {}
+        for stats, seen in list(self._reader_stats.values()):
+            total.failures += stats.failures
+            total.expired += stats.expired
+            total.cancelled += stats.cancelled
+            total.queue_ns += stats.queue_ns
+            total.input_ns += stats.input_ns
+            total.infer_ns += stats.infer_ns
+            total.output_ns += stats.output_ns
+            for size, rows in list(seen.items()):
+                rows_seen[size] = rows_seen.get(size, 0) + rows
         status = self._status
+        total.requests = int(status[:, 2].sum()) if status is not None else 0
+        total.batches = int(status[:, 3].sum()) if status is not None else 0
+        total.batch_rows = {size: rows // size for size, rows in rows_seen.items() if size > 0}
+        add_lane_stats(total, self.lane)
         return {
             "name": self.config.name,
             "version": self.version,
@@ -565,9 +608,17 @@ class ProcessModelRuntime:
             "worker_mode": "process",
             "queue_type": self.options.queue_type,
             "allocator_type": "lumen_arena",
-            "requests": (int(status[:, 2].sum()) if status is not None else 0) + lane.requests,
-            "batches": (int(status[:, 3].sum()) if status is not None else 0) + lane.batches,
-            "infer_ns": (int(status[:, 4].sum()) if status is not None else 0) + lane.infer_ns,
+            "requests": total.requests,
+            "batches": total.batches,
+            "failures": total.failures,
+            "expired": total.expired,
+            "cancelled": total.cancelled,
+            "arena_fallbacks": 0,  # process mode has no fallback: every request lives in a slot
+            "queue_ns": total.queue_ns,
+            "input_ns": total.input_ns,
+            "infer_ns": total.infer_ns,
+            "output_ns": total.output_ns,
+            "batch_rows": dict(sorted(total.batch_rows.items())),
             "lane": self.lane.describe(),
             "rejected": self.rejected,
             "worker_deaths": self.worker_deaths,

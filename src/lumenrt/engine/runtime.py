@@ -19,6 +19,7 @@ Invariants (both worker modes; process_runtime.py adds its own)
      the ring's capacity).
 """
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -362,6 +363,7 @@ class ModelRuntime:
             "version": self.version,
             "ready": self.ready,
             "workers": len(self.workers),
+            "worker_mode": "thread",
             "queue_type": self.options.queue_type,
             "allocator_type": self.options.allocator_type,
             "requests": total.requests,
@@ -379,4 +381,7 @@ class ModelRuntime:
             "arena": self.pool.stats() if self.pool is not None else None,
             "ring": self.ring.stats(),
             "lane": self.lane.describe(),
+            "worker_deaths": 0,  # thread workers never die (worker.py) and are never replaced
+            "replacement_failures": 0,
+            "pids": [os.getpid()] * len(self.workers),
         }
