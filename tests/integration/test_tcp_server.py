@@ -17,7 +17,7 @@ import pytest
 from lumenrt.client import AsyncTcpClient, InferenceError, TcpClient
 from lumenrt.engine.engine import Engine
 from lumenrt.models.builtin import builtin_examples
-from lumenrt.server import tcp_protocol as tp
+from lumenrt.protocols import tcp as tp
 from lumenrt.server.app import ServeOptions, ServerThread
 from lumenrt.server.service import ServeLimits
 from tests.integration import slow_model_state

@@ -13,7 +13,7 @@ from lumenrt.engine.config import ModelConfig, TensorSpec
 from lumenrt.engine.engine import InferResult
 from lumenrt.engine.repository import ModelNotFound
 from lumenrt.engine.request import StageTimes
-from lumenrt.server import tcp_protocol as tp
+from lumenrt.protocols import tcp as tp
 from lumenrt.server.service import InferenceService, ServeLimits
 from lumenrt.server.tcp_server import TcpConnection, TcpFrontEnd
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from lumenrt.backends.base import REGISTRY, Placement, register
-from lumenrt.engine import dtypes
 from lumenrt.engine.config import (
     ConfigError,
     DynamicBatching,
@@ -19,6 +18,7 @@ from lumenrt.engine.config import (
     TensorSpec,
     load_model_config,
 )
+from lumenrt.protocols import dtypes
 
 
 class FakeBackend:

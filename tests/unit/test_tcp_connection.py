@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from lumenrt.server import tcp_protocol as tp
+from lumenrt.protocols import tcp as tp
 from lumenrt.server.service import ServeLimits
 from lumenrt.server.tcp_server import LINGER_S, MAX_IN_FLIGHT, RESUME_IN_FLIGHT
 from tests.unit.tcp_fakes import Harness, header, request

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lumenrt.server import tcp_protocol as tp
+from lumenrt.protocols import tcp as tp
 from lumenrt.server.service import ServeLimits
 from tests.unit.tcp_fakes import Harness, header, request
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lumenrt.server import tcp_protocol as tp
-from lumenrt.server.tcp_protocol import Frame, FrameDecoder, ProtocolError
+from lumenrt.protocols import tcp as tp
+from lumenrt.protocols.tcp import Frame, FrameDecoder, ProtocolError
 
 EXAMPLES: dict[str, np.ndarray] = {
     "BOOL": np.array([[True, False, True]]),

@@ -25,7 +25,7 @@ from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
 
 OPTIONS_FIELD = "parameters.onnxruntime"
 
-# ONNX element type -> KServe V2 datatype name (BF16 has no numpy dtype: see engine/dtypes.py)
+# ONNX element type -> KServe V2 datatype name (BF16 has no numpy dtype: see protocols/dtypes.py)
 ONNX_TO_V2: dict[int, str] = {
     onnx.TensorProto.BOOL: "BOOL",
     onnx.TensorProto.UINT8: "UINT8",

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from lumenrt.backends.base import Array, Placement, register
-from lumenrt.engine import dtypes
 from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
+from lumenrt.protocols import dtypes
 
 CLASS_FIELD = "parameters.python.class"
 _module_ids = itertools.count()

@@ -27,8 +27,8 @@ import torch
 from torch.utils.dlpack import from_dlpack
 
 from lumenrt.backends.base import Array, Placement, register
-from lumenrt.engine import dtypes
 from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
+from lumenrt.protocols import dtypes
 
 _MUST_LIST = (
     "TorchScript and torch.export files do not tell their inputs and outputs reliably: "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from lumenrt.engine import dtypes
+from lumenrt.protocols import dtypes
 
 _SEED = 20261121
 

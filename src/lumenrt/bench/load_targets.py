@@ -245,13 +245,13 @@ class GrpcTarget:
 
 
 def _datatype(array: npt.NDArray[Any]) -> str:
-    from lumenrt.engine import dtypes
+    from lumenrt.protocols import dtypes
 
     return dtypes.from_numpy(array.dtype)
 
 
 def _raw_bytes(array: npt.NDArray[Any]) -> bytes:
-    from lumenrt.server.tcp_protocol import to_raw
+    from lumenrt.protocols.tcp import to_raw
 
     return bytes(to_raw(array)[1])
 

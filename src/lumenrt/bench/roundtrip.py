@@ -27,7 +27,7 @@ from typing import Any, cast
 import numpy as np
 
 from lumenrt.client.tcp import RECV_BYTES, TcpClient
-from lumenrt.server.tcp_protocol import HEADER_BYTES, encode_request, encode_response
+from lumenrt.protocols.tcp import HEADER_BYTES, encode_request, encode_response
 
 START_TIMEOUT_S = 60.0  # the echo server process reports its port within this
 

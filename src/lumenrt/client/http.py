@@ -30,8 +30,8 @@ import numpy as np
 
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
-from lumenrt.engine import dtypes
-from lumenrt.server.tcp_protocol import DATATYPE_CODES, ProtocolError, TensorDesc, from_raw, to_raw
+from lumenrt.protocols import dtypes
+from lumenrt.protocols.tcp import DATATYPE_CODES, ProtocolError, TensorDesc, from_raw, to_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 TIMING_PARAMETER = "lumenrt_timing"  # lumenrt.server.service.TIMING_PARAMETER

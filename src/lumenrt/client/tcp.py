@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
-from lumenrt.server.tcp_protocol import (
+from lumenrt.protocols.tcp import (
     ERROR,
     FLAG_CLOSING,
     FLAG_TIMING,

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped, unused-ignore]
 
-from lumenrt.engine import dtypes
+from lumenrt.protocols import dtypes
 
 
 class ConfigError(ValueError):

@@ -143,16 +143,3 @@ class InlineLane:
             "max_us": self.max_us,
             "requests": self.stats.requests,
         }
-
-
-def add_lane_stats(total: WorkerStats, lane: InlineLane) -> None:
-    """Add the lane's counts to the workers' ``total``, so a model's statistics count every
-    request whichever way it ran (queue_ns: none, it never waited)."""
-    s = lane.stats
-    total.requests += s.requests
-    total.batches += s.batches
-    total.failures += s.failures
-    total.input_ns += s.input_ns
-    total.infer_ns += s.infer_ns
-    for rows, n in s.batch_rows.items():
-        total.batch_rows[rows] = total.batch_rows.get(rows, 0) + n

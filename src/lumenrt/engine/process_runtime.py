@@ -46,7 +46,7 @@ import numpy as np
 
 from lumenrt.backends.base import Placement
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.lane import InlineLane, add_lane_stats
+from lumenrt.engine.lane import InlineLane
 from lumenrt.engine.process_worker import (
     CANCELLED,
     FAILED,
@@ -586,20 +586,14 @@ class ProcessModelRuntime:
         total = WorkerStats()
         rows_seen: dict[int, int] = {}
         for stats, seen in list(self._reader_stats.values()):
-            total.failures += stats.failures
-            total.expired += stats.expired
-            total.cancelled += stats.cancelled
-            total.queue_ns += stats.queue_ns
-            total.input_ns += stats.input_ns
-            total.infer_ns += stats.infer_ns
-            total.output_ns += stats.output_ns
+            total.add(stats)  # requests and batches: none, the workers count those (status)
             for size, rows in list(seen.items()):
                 rows_seen[size] = rows_seen.get(size, 0) + rows
         status = self._status
         total.requests = int(status[:, 2].sum()) if status is not None else 0
         total.batches = int(status[:, 3].sum()) if status is not None else 0
         total.batch_rows = {size: rows // size for size, rows in rows_seen.items() if size > 0}
-        add_lane_stats(total, self.lane)
+        total.add(self.lane.stats)  # requests answered inline count like any other (lane.py)
         return {
             "name": self.config.name,
             "version": self.version,

@@ -31,7 +31,7 @@ import numpy as np
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.batcher import IdleBoard
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.lane import InlineLane, add_lane_stats
+from lumenrt.engine.lane import InlineLane
 from lumenrt.engine.request import (
     Array,
     EngineError,
@@ -345,19 +345,8 @@ class ModelRuntime:
     def statistics(self) -> dict[str, Any]:
         total = WorkerStats()
         for w in self.workers:
-            s = w.stats
-            total.requests += s.requests
-            total.batches += s.batches
-            total.failures += s.failures
-            total.expired += s.expired
-            total.cancelled += s.cancelled
-            total.queue_ns += s.queue_ns
-            total.input_ns += s.input_ns
-            total.infer_ns += s.infer_ns
-            total.output_ns += s.output_ns
-            for rows, n in s.batch_rows.items():
-                total.batch_rows[rows] = total.batch_rows.get(rows, 0) + n
-        add_lane_stats(total, self.lane)
+            total.add(w.stats)
+        total.add(self.lane.stats)  # requests answered inline count like any other (lane.py)
         return {
             "name": self.config.name,
             "version": self.version,

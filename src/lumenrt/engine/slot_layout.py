@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.dtypes import to_numpy
 from lumenrt.engine.request import Array
+from lumenrt.protocols.dtypes import to_numpy
 
 MAX_TENSORS = 16
 MAX_DIMS = 8

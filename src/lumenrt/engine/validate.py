@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from lumenrt.engine.config import ModelConfig, TensorSpec
-from lumenrt.engine.dtypes import to_numpy
 from lumenrt.engine.request import Array, InvalidInput
+from lumenrt.protocols.dtypes import to_numpy
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:

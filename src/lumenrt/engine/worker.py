@@ -54,6 +54,20 @@ class WorkerStats:
     output_ns: int = 0  # compute end -> completed (split, complete)
     batch_rows: dict[int, int] = field(default_factory=dict)  # rows -> batches of that size
 
+    def add(self, other: "WorkerStats") -> None:
+        """Add ``other``'s counts to these (a runtime's total over its workers and its lane)."""
+        self.requests += other.requests
+        self.batches += other.batches
+        self.failures += other.failures
+        self.expired += other.expired
+        self.cancelled += other.cancelled
+        self.queue_ns += other.queue_ns
+        self.input_ns += other.input_ns
+        self.infer_ns += other.infer_ns
+        self.output_ns += other.output_ns
+        for rows, n in list(other.batch_rows.items()):
+            self.batch_rows[rows] = self.batch_rows.get(rows, 0) + n
+
 
 def zeros_for(config: ModelConfig, rows: int) -> dict[str, Array]:
     """Warm-up inputs: zeros, variable dims taken as 1."""

@@ -39,8 +39,8 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from lumenrt.engine import dtypes
 from lumenrt.engine.request import Array
+from lumenrt.protocols import dtypes
 from lumenrt.server.errors import GRPC_CODES, ServerError, as_server_error, bad_request
 from lumenrt.server.parameters import (
     grpc_values,

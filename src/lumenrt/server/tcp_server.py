@@ -1,6 +1,6 @@
 """The binary TCP protocol front end: one ``asyncio.Protocol`` per connection on the server's loop.
 
-Wire format: docs/tcp-protocol.md; codecs: ``lumenrt.server.tcp_protocol``.
+Wire format: docs/tcp-protocol.md; codecs: ``lumenrt.protocols.tcp``.
 
 Invariants:
   - Every request frame gets exactly one response or error frame carrying its id, unless the
@@ -40,15 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from lumenrt.server.errors import ServerError, as_server_error
-from lumenrt.server.service import (
-    InferenceService,
-    InferOutcome,
-    ServeLimits,
-    WireInput,
-    timing_parameters,
-)
-from lumenrt.server.tcp_protocol import (
+from lumenrt.protocols.tcp import (
     FLAG_TIMING,
     KIND_NAMES,
     KNOWN_FLAGS,
@@ -62,6 +54,14 @@ from lumenrt.server.tcp_protocol import (
     decode_request_meta,
     encode_error,
     split_payload,
+)
+from lumenrt.server.errors import ServerError, as_server_error
+from lumenrt.server.service import (
+    InferenceService,
+    InferOutcome,
+    ServeLimits,
+    WireInput,
+    timing_parameters,
 )
 from lumenrt.server.tensors import check_shape
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lumenrt.engine import dtypes
 from lumenrt.engine.request import Array
+from lumenrt.protocols import dtypes
 from lumenrt.server.errors import ServerError, bad_request
 
 DEFAULT_MAX_ELEMENTS = 1 << 26  # elements in one tensor (64 Mi; 256 MiB of FP32)

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lumenrt.engine import dtypes
 from lumenrt.engine.config import ModelConfig
+from lumenrt.protocols import dtypes
 from lumenrt.server.errors import bad_request
 from lumenrt.server.parameters import input_parameters, output_parameters, request_parameters
 from lumenrt.server.service import InferOutcome, WireInput

@@ -9,7 +9,7 @@ frame is::
     metadata                           a small struct: model, version, tensor descriptors ...
     payload                            the raw tensor bytes, one tensor after the other
 
-This module imports only numpy and ``lumenrt.engine.dtypes`` so that a client process does not
+This module imports only numpy and ``lumenrt.protocols.dtypes`` so that a client process does not
 load the engine or the native core. Its raw tensor codec follows ``lumenrt.server.tensors``
 (row-major, little-endian, BOOL one byte 0/1, BYTES as 4-byte length + bytes per element) but
 raises :class:`ProtocolError`, which both sides can handle.
@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from lumenrt.engine import dtypes
+from lumenrt.protocols import dtypes
 
 Array = npt.NDArray[Any]
 
