@@ -183,7 +183,6 @@ class HttpClient:
         self.host = host
         self.port = port
         self._conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-        self._next_id = 1
 
     def close(self) -> None:
         self._conn.close()
@@ -240,10 +239,12 @@ class HttpClient:
         timeout_s: float | None = None,
         timing: bool = False,
         binary: bool = True,
+        request_id: str = "",
     ) -> InferResult:
-        rid = str(self._next_id)
-        self._next_id += 1
-        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, rid)
+        """``request_id``: sent as the request's ``id`` and echoed in the answer (none by default:
+        HTTP/1.1 answers in order, and a request without one has a header the server decodes once
+        per signature)."""
+        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, request_id)
         status, headers, body = self._request("POST", req.path, req.body, req.headers)
         return decode_infer(status, headers, body)
 
@@ -301,7 +302,6 @@ class AsyncHttpClient:
         self.max_connections = max_connections
         self._idle: list[_Connection] = []
         self._slots: asyncio.Semaphore | None = None
-        self._next_id = 1
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
@@ -373,9 +373,11 @@ class AsyncHttpClient:
         timeout_s: float | None = None,
         timing: bool = False,
         binary: bool = True,
+        request_id: str = "",
     ) -> InferResult:
-        rid = str(self._next_id)
-        self._next_id += 1
-        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, rid)
+        """``request_id``: sent as the request's ``id`` and echoed in the answer (none by default:
+        HTTP/1.1 answers in order, and a request without one has a header the server decodes once
+        per signature)."""
+        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, request_id)
         status, headers, body = await self._request("POST", req.path, req.body, req.headers)
         return decode_infer(status, headers, body)
