@@ -528,6 +528,23 @@ def test_sweeper_aborts_a_stalled_client_not_a_slow_one(harness: Callable[..., H
     assert h.transport.aborted and not h.conn._queue  # buffered and queued answers dropped
 
 
+def test_sweeper_aborts_a_closed_connection_whose_last_answer_is_never_read(
+    harness: Callable[..., Harness],
+) -> None:
+    h = harness(1 << 20)
+    idle = h.limits.idle_timeout_s
+    h.feed("/0/100000")  # answered at once: buffered, under the high-water mark
+    t = time.monotonic()
+    h.conn.close()  # as after an answer that says connection: close; the flush is pending
+    h.conn.check_timeouts(t + idle / 2, h.limits.receive_timeout_s, idle)
+    assert not h.transport.aborted
+    h.transport.client_reads(1000)  # the client reads some of it: the clock restarts
+    h.conn.check_timeouts(t + 1.5 * idle, h.limits.receive_timeout_s, idle)
+    assert not h.transport.aborted
+    h.conn.check_timeouts(t + 3 * idle, h.limits.receive_timeout_s, idle)  # nothing read since
+    assert h.transport.aborted and h.transport.get_write_buffer_size() == 0
+
+
 def test_sweeper_does_not_count_time_in_the_engine_as_idle(harness: Callable[..., Harness]) -> None:
     h = harness(4096)
     idle = h.limits.idle_timeout_s

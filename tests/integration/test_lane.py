@@ -40,13 +40,27 @@ def test_inline_answers_what_the_workers_answer(engine: Engine) -> None:
     before = rt.statistics()["requests"]
     inline = rt.run_inline(x)
     assert inline is not None
-    queued = engine.infer(MODEL, x).outputs  # the in-process API queues (another path)
+    req = rt.run(x)  # through the ring to a worker
+    assert req.error is None and req.outputs is not None
+    queued = req.outputs
     assert set(inline) == set(queued)
     for name in queued:
         np.testing.assert_allclose(inline[name], queued[name], rtol=1e-6)
+    rt.release(req)
     stats = rt.statistics()
     assert stats["requests"] == before + 2  # counted whichever way it ran
     assert stats["lane"]["requests"] >= 1
+
+
+def test_the_in_process_api_takes_the_lane_with_times_of_its_own(engine: Engine) -> None:
+    rt = engine.runtime(MODEL)
+    before = rt.lane.stats.requests
+    first = engine.infer(MODEL, one())
+    second = engine.infer(MODEL, one())
+    assert rt.lane.stats.requests == before + 2
+    assert first.times is not second.times and first.times is not rt.lane.times
+    assert first.times.compute_end_ns > first.times.compute_start_ns > 0
+    assert first.times.compute_start_ns <= second.times.compute_start_ns
 
 
 def test_inline_refuses_bad_input_naming_it(engine: Engine) -> None:
@@ -73,6 +87,11 @@ def test_queue_loads_no_lane_and_auto_decides_by_the_probe() -> None:
         assert rt.statistics()["lane"]["active"] is False
     with Engine(models=[MODEL], settings=EngineConfig(lane="auto", lane_max_us=1_000_000)) as eng:
         assert eng.runtime(MODEL).lane.active
+    process = EngineConfig(lane="auto", lane_max_us=1_000_000, worker_mode="process")
+    with Engine(models=[MODEL], settings=process) as eng:
+        # process mode keeps the model out of the server process (a native crash stays in a
+        # worker): auto never runs it inline
+        assert not eng.runtime(MODEL).lane.active
 
 
 def test_lane_key_is_checked() -> None:
@@ -191,3 +210,29 @@ def test_auto_leaves_python_models_to_the_workers(tmp_path: Path) -> None:
             assert not rt.lane.active and rt.lane.probe_us == 0
     finally:
         slow_model_state.GATE.set()
+
+
+def test_closing_waits_for_the_request_on_the_lane_then_turns_it_away(tmp_path: Path) -> None:
+    """An unload while a request runs on the lane: that request is answered, later ones queue."""
+    write_py_model(tmp_path, max_queue=8)
+    with Engine(tmp_path, models=["slow"], settings=EngineConfig(lane="inline")) as eng:
+        rt = eng.runtime("slow")
+        x = {"x": np.ones((1, 2), dtype=np.float32)}
+        slow_model_state.ENTERED.clear()
+        slow_model_state.GATE.clear()
+        box: list[Any] = []
+        runner = threading.Thread(target=lambda: box.append(rt.run_inline(x)))
+        closer = threading.Thread(target=rt.lane.close)
+        try:
+            runner.start()
+            assert slow_model_state.ENTERED.wait(WAIT_S)
+            closer.start()
+            closer.join(0.2)
+            assert closer.is_alive()  # waits for the running request
+        finally:
+            slow_model_state.GATE.set()
+        runner.join(WAIT_S)
+        closer.join(WAIT_S)
+        assert not closer.is_alive()
+        np.testing.assert_array_equal(box[0]["y"], x["x"] * 2)
+        assert not rt.lane.active and rt.run_inline(x) is None

@@ -43,13 +43,18 @@ def test_a_repeated_header_decodes_to_the_same_request_from_the_cache() -> None:
         assert parsed.timeout_s == 0.5 and parsed.binary_output is True
 
 
-def test_a_cached_header_still_checks_the_binary_length() -> None:
+def test_a_cached_header_still_checks_the_binary_part_with_the_same_messages() -> None:
     body, n = binary_request(np.ones((2, 4), dtype=np.float32))
-    v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
     for bad in (body[:-4], body + b"\0\0\0\0"):
-        with pytest.raises(ServerError, match="binary data") as err:
+        v2_http._plans.clear()
+        with pytest.raises(ServerError) as fresh:
             v2_http.parse_infer_request(bad, n, MAX_ELEMENTS)
-        assert err.value.status == 400
+        v2_http.parse_infer_request(body, n, MAX_ELEMENTS)  # the header is now cached
+        with pytest.raises(ServerError) as cached:
+            v2_http.parse_infer_request(bad, n, MAX_ELEMENTS)
+        assert cached.value.status == fresh.value.status == 400
+        assert cached.value.message == fresh.value.message  # names the field as before
+        assert "binary data" in cached.value.message
 
 
 def test_json_data_inputs_are_not_cached() -> None:
@@ -83,6 +88,14 @@ def test_response_headers_are_cached_per_signature_and_say_the_same() -> None:
     assert json.loads(h3)["outputs"][0]["shape"] == [5, 3]  # another shape, its own header
     fresh, _ = v2_http._encode(outcome(y2), parsed)
     assert fresh == h2
+
+
+def test_a_long_request_id_is_not_kept() -> None:
+    body, n = binary_request(np.ones((1, 4), dtype=np.float32), request_id="x" * 4096)
+    parsed = v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
+    header, _ = v2_http.encode_infer_response(outcome(np.zeros((1, 3), dtype=np.float32)), parsed)
+    assert json.loads(header)["id"] == "x" * 4096
+    assert v2_http._headers == {} and v2_http._plans == {}  # neither header is kept: too long
 
 
 def test_answers_with_parameters_or_bytes_are_never_cached() -> None:

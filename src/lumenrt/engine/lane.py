@@ -14,7 +14,9 @@ Engine key ``lane`` (an architecture choice like ``queue_type``, measured in the
            does not decide it), is at most ``engine.lane_max_us``; otherwise as queue and the lane
            session is closed again. Only for the compiled backends (``AUTO_BACKENDS``): a Python
            model may block or wait on I/O, which would stall every connection of the event loop,
-           and is never timed by running it; ``inline`` takes any backend at the user's word.
+           and is never timed by running it. Not in process mode either: there the model runs
+           in worker processes so that a crash in native code cannot take the server down, and
+           the lane would run it in the server. ``inline`` takes any model at the user's word.
 
 Invariants
   1. Work-conserving and order-keeping: the lane takes a request only when the model's ring is
@@ -47,14 +49,28 @@ from lumenrt.engine.worker import WorkerStats, zeros_for
 
 AUTO_BACKENDS = ("onnxruntime", "xgboost", "pytorch")  # compute only, GIL released while they run
 PROBE_RUNS = 50  # batch-1 runs timed at load for ``auto`` (after the model's warm-up)
+PROBE_GIVE_UP = 10  # ... fewer when 3 runs all took over this many times lane_max_us
+CLOSE_WAIT_S = 30.0  # close(): how long a request running on the lane may take to finish
 
 
 class InlineLane:
     def __init__(
-        self, config: ModelConfig, backend: Backend, model_path: Path, mode: str, max_us: int
+        self,
+        config: ModelConfig,
+        backend: Backend,
+        model_path: Path,
+        mode: str,
+        max_us: int,
+        *,
+        worker_threads: int = 1,
+        process_mode: bool = False,
     ) -> None:
         self.config = config
         self.mode = mode
+        # the lane's session runs on one thread, except PyTorch's: torch's thread count is one
+        # setting for the whole process, so the lane asks for what the workers were given
+        self._threads = worker_threads if config.backend == "pytorch" else 1
+        self._process_mode = process_mode
         self.max_us = max_us
         self.stats = WorkerStats()
         self.probe_us = 0.0  # fastest batch-1 compute measured at load (0: not measured)
@@ -70,19 +86,25 @@ class InlineLane:
 
     def open(self) -> None:
         """Load the lane's session, warm it, time it; ``auto`` keeps it only if the model is small."""
-        if self.mode == "queue" or (self.mode == "auto" and self.config.backend not in AUTO_BACKENDS):
+        if self.mode == "queue":
             return
-        session = self._backend.load(self._model_path, self.config, Placement(cores=(), intra_op_threads=1))
+        if self.mode == "auto" and (self.config.backend not in AUTO_BACKENDS or self._process_mode):
+            return
+        placement = Placement(cores=(), intra_op_threads=self._threads)
+        session = self._backend.load(self._model_path, self.config, placement)
         try:
             zeros = zeros_for(self.config, 1)
             for _ in range(max(self.config.warmup, 1)):
                 session.run(zeros)
-            samples = []
-            for _ in range(PROBE_RUNS):
+            fastest = 0
+            for i in range(PROBE_RUNS):
                 t0 = time.perf_counter_ns()
                 session.run(zeros)
-                samples.append(time.perf_counter_ns() - t0)
-            self.probe_us = min(samples) / 1000
+                took = time.perf_counter_ns() - t0
+                fastest = took if i == 0 else min(fastest, took)
+                if self.mode == "auto" and i >= 2 and fastest > PROBE_GIVE_UP * self.max_us * 1000:
+                    break  # far over the limit: no need for 50 runs of a big model
+            self.probe_us = fastest / 1000
         except BaseException:
             session.close()
             raise
@@ -92,25 +114,43 @@ class InlineLane:
         self._session = session
 
     def close(self) -> None:
+        """No request runs on the lane from here on; one running now finishes first (its token
+        is taken and never put back), then the session closes. Called from the unloading
+        thread, never the lane's own."""
         session, self._session = self._session, None
-        if session is not None:
-            session.close()
+        if session is None:
+            return
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while True:
+            try:
+                self._token.popleft()
+                break
+            except IndexError:  # a request is on the lane: it takes one model call
+                if time.monotonic() > deadline:
+                    break  # it hangs in the model: close anyway (that request fails)
+                time.sleep(0.001)
+        session.close()
 
-    def run(self, inputs: Mapping[str, Any], queued: int) -> dict[str, Array] | None:
-        """The outputs of running ``inputs`` here and now, or None: queue it (invariant 1, 2)."""
-        session = self._session
-        if session is None or queued:
+    def run(
+        self, inputs: Mapping[str, Any], queued: int, times: StageTimes | None = None
+    ) -> dict[str, Array] | None:
+        """The outputs of running ``inputs`` here and now, or None: queue it (invariant 1, 2).
+        ``times``: where to write the stage times (default: the lane's own, see invariant 4)."""
+        if self._session is None or queued:
             return None
         try:
             token = self._token.popleft()
-        except IndexError:  # another caller is running on the lane
+        except IndexError:  # another caller is running on the lane, or it closed
             return None
         try:
-            return self._run(session, inputs)
+            session = self._session  # read under the token: close() cannot pull it away now
+            if session is None:
+                return None
+            return self._run(session, inputs, self.times if times is None else times)
         finally:
             self._token.append(token)
 
-    def _run(self, session: BackendSession, inputs: Mapping[str, Any]) -> dict[str, Array]:
+    def _run(self, session: BackendSession, inputs: Mapping[str, Any], times: StageTimes) -> dict[str, Array]:
         t0 = time.monotonic_ns()
         arrays, rows = validate_inputs(self.config, inputs)
         t1 = time.monotonic_ns()
@@ -121,7 +161,6 @@ class InlineLane:
             error = EngineError(f"model {self.config.name!r} failed: {type(e).__name__}: {e}")
             raise error from e
         t2 = time.monotonic_ns()
-        times = self.times
         times.received_ns = times.enqueued_ns = times.dequeued_ns = t0
         times.batch_formed_ns = times.compute_start_ns = t1
         times.compute_end_ns = times.completed_ns = t2

@@ -71,6 +71,7 @@ from lumenrt.engine.request import (
     RequestCancelled,
     RequestTable,
     RequestTimeout,
+    StageTimes,
     WorkerDied,
 )
 from lumenrt.engine.runtime import RuntimeOptions, _ring_capacity, admit, push_and_wait, refusal, try_push
@@ -217,7 +218,15 @@ class ProcessModelRuntime:
         self._spawned = threading.Event()  # the supervisor started every worker (or failed to)
         self._spawn_error: BaseException | None = None
         self._started = False  # start() returned: deaths from now on are replaced
-        self.lane = InlineLane(config, backend, model_path, options.lane, options.lane_max_us)
+        self.lane = InlineLane(
+            config,
+            backend,
+            model_path,
+            options.lane,
+            options.lane_max_us,
+            worker_threads=placements[0].intra_op_threads if placements else 1,
+            process_mode=True,
+        )
         self.closed = False
         self.stopping = False  # shutdown began: no worker is replaced any more
         self.rejected = 0
@@ -364,12 +373,14 @@ class ProcessModelRuntime:
             self._read_result(req, code, from_supervisor=False)
         return req
 
-    def run_inline(self, inputs: Mapping[str, Any]) -> dict[str, Array] | None:
+    def run_inline(
+        self, inputs: Mapping[str, Any], times: StageTimes | None = None
+    ) -> dict[str, Array] | None:
         """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
         ring = None if self.closed else getattr(self, "ring", None)  # gone once closed
         if ring is None:
             return None
-        return self.lane.run(inputs, len(ring))
+        return self.lane.run(inputs, len(ring), times)
 
     def _prepare(
         self,

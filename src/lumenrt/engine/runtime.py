@@ -39,6 +39,7 @@ from lumenrt.engine.request import (
     ModelNotReady,
     QueueFull,
     RequestTable,
+    StageTimes,
 )
 from lumenrt.engine.validate import validate_inputs
 from lumenrt.engine.worker import ThreadWorker, WorkerStats
@@ -218,7 +219,15 @@ class ModelRuntime:
             )
             for i, p in enumerate(placements)
         ]
-        self.lane = InlineLane(config, backend, model_path, options.lane, options.lane_max_us)
+        self.lane = InlineLane(
+            config,
+            backend,
+            model_path,
+            options.lane,
+            options.lane_max_us,
+            worker_threads=placements[0].intra_op_threads if placements else 1,
+            process_mode=False,
+        )
         self.closed = False
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -279,11 +288,13 @@ class ModelRuntime:
         push_and_wait(self, req, aux0=req.rows)
         return req
 
-    def run_inline(self, inputs: Mapping[str, Any]) -> dict[str, Array] | None:
+    def run_inline(
+        self, inputs: Mapping[str, Any], times: StageTimes | None = None
+    ) -> dict[str, Array] | None:
         """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
         if self.closed:
             return None
-        return self.lane.run(inputs, len(self.ring))
+        return self.lane.run(inputs, len(self.ring), times)
 
     def _prepare(
         self,

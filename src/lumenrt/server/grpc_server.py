@@ -247,7 +247,7 @@ class GrpcServicer:
         if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
             timeout_s = max(remaining_s, 0.0)
         outcome = None
-        if rt.lane.active:  # a small model: answered here and now when its queue is empty
+        if rt.lane.active and (timeout_s is None or timeout_s > 0):  # small, and not already late
             outcome = service.infer_inline(rt, arrays, outputs, timing=params.timing, received_ns=received_ns)
         if outcome is None:
             outcome = await service.infer(

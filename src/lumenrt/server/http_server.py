@@ -35,7 +35,8 @@ Connection invariants
     idle while the buffer drains (the sweeper compares its size between sweeps); a client that
     reads nothing for ``idle_timeout_s`` has stopped reading: the connection is aborted (its
     buffered and queued answers are dropped, as for a client that went away), which bounds
-    what it holds.
+    what it holds. The same holds for a connection we closed whose last answer the client
+    never reads.
   - Every request that was parsed whole gets exactly one response; a connection closed by the
     client drops the responses still owed to it (its requests still finish inside the engine).
 """
@@ -244,11 +245,21 @@ class HttpConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None and not self._closing:
             self._closing = True
+            self._last_active = time.monotonic()  # the flush clock (check_timeouts) starts here
+            self._write_buffer_seen = self.transport.get_write_buffer_size()
             self.transport.close()
 
     def check_timeouts(self, now: float, receive_timeout_s: float, idle_timeout_s: float) -> None:
         transport = self.transport
-        if self._closing or transport is None:
+        if transport is None:
+            return
+        if self._closing:  # closed by us, its last answer still being flushed
+            size = transport.get_write_buffer_size()
+            if size < self._write_buffer_seen:
+                self._last_active = now  # the client reads it
+            self._write_buffer_seen = size
+            if size and now - self._last_active > idle_timeout_s:
+                transport.abort()  # it never reads its last answer: drop it, free the buffer
             return
         if self._busy:
             self._last_active = now  # a request in the engine: the idle clock starts after it

@@ -24,7 +24,7 @@ from typing import Any
 
 from lumenrt.engine.config import ModelConfig
 from lumenrt.protocols import dtypes
-from lumenrt.server.errors import bad_request
+from lumenrt.server.errors import ServerError, bad_request
 from lumenrt.server.parameters import input_parameters, output_parameters, request_parameters
 from lumenrt.server.service import InferOutcome, WireInput
 from lumenrt.server.tensors import check_datatype, check_shape, from_json, from_raw, to_json_data, to_raw
@@ -114,7 +114,10 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
         key = (body[:header_length], max_elements)
         plan = _plans.get(key)
         if plan is not None:
-            return _from_plan(plan, view, header_length, len(body))
+            try:
+                return _from_plan(plan, view, header_length, len(body))
+            except ServerError:
+                pass  # the binary part is wrong: the full decode below names the field as ever
     parsed, sizes = _parse(body, view, header_length, max_elements)
     if key is not None and len(sizes) == len(parsed.inputs):  # every input binary: reusable
         if len(_plans) >= PLAN_CACHE_ENTRIES:
@@ -243,9 +246,10 @@ def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[b
         header = _headers.get(key)
         if header is None:
             header, chunks = _encode(outcome, parsed)
-            if len(_headers) >= PLAN_CACHE_ENTRIES:
-                _headers.clear()
-            _headers[key] = header
+            if len(header) <= PLAN_CACHE_MAX_BYTES:  # a long client-chosen id is not kept
+                if len(_headers) >= PLAN_CACHE_ENTRIES:
+                    _headers.clear()
+                _headers[key] = header
             return header, chunks
         return header, [to_raw(array) for _, array in outcome.outputs]
     return _encode(outcome, parsed)
