@@ -103,6 +103,9 @@ class MockTransport:
     def close(self) -> None:
         self.closed = True
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written is taken at once (no client is slow here)
+
     def pause_reading(self) -> None:
         self.paused = True
 
