@@ -2,6 +2,7 @@
 in both worker modes and through every front end; the same outputs and statistics as the worker
 path; and the cases where it must hand the request to the queue instead."""
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,8 +126,10 @@ def test_a_busy_queue_sends_requests_to_the_workers(tmp_path: Path) -> None:
             rt.release(req)
 
 
-def test_one_request_at_a_time_on_the_lane(tmp_path: Path) -> None:
-    """While one caller's request runs on the lane (blocked in the model), another caller queues."""
+@contextlib.contextmanager
+def held_lane(tmp_path: Path) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
+    """The gated Python model on an inline lane, with another thread's request blocked in it:
+    yields (its runtime, an input); on leaving, the gate opens and that request is answered."""
     write_py_model(tmp_path, max_queue=8)
     with Engine(tmp_path, models=["slow"], settings=EngineConfig(lane="inline")) as eng:
         rt = eng.runtime("slow")
@@ -134,20 +137,26 @@ def test_one_request_at_a_time_on_the_lane(tmp_path: Path) -> None:
         slow_model_state.ENTERED.clear()
         slow_model_state.GATE.clear()
         box: list[Any] = []
-        t = threading.Thread(target=lambda: box.append(rt.run_inline(x)))
+        runner = threading.Thread(target=lambda: box.append(rt.run_inline(x)))
         try:
-            t.start()
+            runner.start()
             assert slow_model_state.ENTERED.wait(WAIT_S)  # the other thread holds the lane
-            assert rt.run_inline(x) is None
-            queued = rt.submit(x)  # so this caller's request goes to the workers
+            yield rt, x
         finally:
             slow_model_state.GATE.set()
-        t.join(WAIT_S)
+            runner.join(WAIT_S)
         np.testing.assert_array_equal(box[0]["y"], x["x"] * 2)
+
+
+def test_one_request_at_a_time_on_the_lane(tmp_path: Path) -> None:
+    """While one caller's request runs on the lane (blocked in the model), another caller queues."""
+    with held_lane(tmp_path) as (rt, x):
+        assert rt.run_inline(x) is None
+        queued = rt.submit(x)  # so this caller's request goes to the workers
+        slow_model_state.GATE.set()
         assert rt.table.latches.wait(queued.index, timeout_s=WAIT_S)
         assert queued.error is None
         rt.release(queued)
-        assert rt.run_inline(x) is not None  # the token came back
 
 
 @pytest.fixture(scope="module")
@@ -214,25 +223,12 @@ def test_auto_leaves_python_models_to_the_workers(tmp_path: Path) -> None:
 
 def test_closing_waits_for_the_request_on_the_lane_then_turns_it_away(tmp_path: Path) -> None:
     """An unload while a request runs on the lane: that request is answered, later ones queue."""
-    write_py_model(tmp_path, max_queue=8)
-    with Engine(tmp_path, models=["slow"], settings=EngineConfig(lane="inline")) as eng:
-        rt = eng.runtime("slow")
-        x = {"x": np.ones((1, 2), dtype=np.float32)}
-        slow_model_state.ENTERED.clear()
-        slow_model_state.GATE.clear()
-        box: list[Any] = []
-        runner = threading.Thread(target=lambda: box.append(rt.run_inline(x)))
+    with held_lane(tmp_path) as (rt, x):
         closer = threading.Thread(target=rt.lane.close)
-        try:
-            runner.start()
-            assert slow_model_state.ENTERED.wait(WAIT_S)
-            closer.start()
-            closer.join(0.2)
-            assert closer.is_alive()  # waits for the running request
-        finally:
-            slow_model_state.GATE.set()
-        runner.join(WAIT_S)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive()  # waits for the running request
+        slow_model_state.GATE.set()
         closer.join(WAIT_S)
         assert not closer.is_alive()
-        np.testing.assert_array_equal(box[0]["y"], x["x"] * 2)
         assert not rt.lane.active and rt.run_inline(x) is None

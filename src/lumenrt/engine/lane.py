@@ -37,7 +37,7 @@ Invariants
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +59,21 @@ class InlineLane:
         config: ModelConfig,
         backend: Backend,
         model_path: Path,
-        mode: str,
-        max_us: int,
+        options: Any,
+        placements: Sequence[Placement],
         *,
-        worker_threads: int = 1,
-        process_mode: bool = False,
+        process_mode: bool,
     ) -> None:
+        """``options``: the runtime's RuntimeOptions (``lane``, ``lane_max_us``); ``placements``:
+        its workers'."""
         self.config = config
-        self.mode = mode
+        self.mode: str = options.lane
+        self.max_us: int = options.lane_max_us
         # the lane's session runs on one thread, except PyTorch's: torch's thread count is one
         # setting for the whole process, so the lane asks for what the workers were given
-        self._threads = worker_threads if config.backend == "pytorch" else 1
+        workers = placements[0].intra_op_threads if placements else 1
+        self._threads = workers if config.backend == "pytorch" else 1
         self._process_mode = process_mode
-        self.max_us = max_us
         self.stats = WorkerStats()
         self.probe_us = 0.0  # fastest batch-1 compute measured at load (0: not measured)
         self.times = StageTimes()  # the last request's stage times (invariant 4)

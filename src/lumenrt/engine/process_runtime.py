@@ -218,15 +218,7 @@ class ProcessModelRuntime:
         self._spawned = threading.Event()  # the supervisor started every worker (or failed to)
         self._spawn_error: BaseException | None = None
         self._started = False  # start() returned: deaths from now on are replaced
-        self.lane = InlineLane(
-            config,
-            backend,
-            model_path,
-            options.lane,
-            options.lane_max_us,
-            worker_threads=placements[0].intra_op_threads if placements else 1,
-            process_mode=True,
-        )
+        self.lane = InlineLane(config, backend, model_path, options, placements, process_mode=True)
         self.closed = False
         self.stopping = False  # shutdown began: no worker is replaced any more
         self.rejected = 0

@@ -219,15 +219,7 @@ class ModelRuntime:
             )
             for i, p in enumerate(placements)
         ]
-        self.lane = InlineLane(
-            config,
-            backend,
-            model_path,
-            options.lane,
-            options.lane_max_us,
-            worker_threads=placements[0].intra_op_threads if placements else 1,
-            process_mode=False,
-        )
+        self.lane = InlineLane(config, backend, model_path, options, placements, process_mode=False)
         self.closed = False
 
     # ---- lifecycle --------------------------------------------------------------------------
