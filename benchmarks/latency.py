@@ -504,7 +504,10 @@ def main(argv: list[str] | None = None) -> int:
                 "heap allocations per request (server process; model call: bare session.run)", allocs, cols
             )
         )
-    path = write_result(args.out, "latency", {"machine": machine_info(), "commit": git_commit(), **result})
+    head = {"kind": "latency", "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path = write_result(
+        args.out, "latency", {**head, "machine": machine_info(), "commit": git_commit(), **result}
+    )
     print(f"\nwrote {path}")
     return 0
 
