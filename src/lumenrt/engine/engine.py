@@ -281,9 +281,9 @@ class Engine:
         timeout_s: float | None = None,
     ) -> InferResult:
         rt = self.runtime(model, version)
-        if rt.lane.active and (timeout_s is None or timeout_s > 0):
+        if rt.lane.active:
             times = StageTimes()  # the caller keeps it: not the lane's own
-            outputs = rt.run_inline(inputs, times)
+            outputs = rt.run_inline(inputs, times, timeout_s)
             if outputs is not None:
                 return InferResult(rt.config.name, rt.version, outputs, times)
         req = rt.run(inputs, timeout_s=timeout_s)

@@ -134,11 +134,16 @@ class InlineLane:
         session.close()
 
     def run(
-        self, inputs: Mapping[str, Any], queued: int, times: StageTimes | None = None
+        self,
+        inputs: Mapping[str, Any],
+        queued: int,
+        times: StageTimes | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Array] | None:
-        """The outputs of running ``inputs`` here and now, or None: queue it (invariant 1, 2).
+        """The outputs of running ``inputs`` here and now, or None: queue it (invariant 1, 2; a
+        request whose time is already up, ``timeout_s`` <= 0, queues too, where it expires).
         ``times``: where to write the stage times (default: the lane's own, see invariant 4)."""
-        if self._session is None or queued:
+        if self._session is None or queued or (timeout_s is not None and timeout_s <= 0):
             return None
         try:
             token = self._token.popleft()

@@ -366,13 +366,13 @@ class ProcessModelRuntime:
         return req
 
     def run_inline(
-        self, inputs: Mapping[str, Any], times: StageTimes | None = None
+        self, inputs: Mapping[str, Any], times: StageTimes | None = None, timeout_s: float | None = None
     ) -> dict[str, Array] | None:
         """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
         ring = None if self.closed else getattr(self, "ring", None)  # gone once closed
         if ring is None:
             return None
-        return self.lane.run(inputs, len(ring), times)
+        return self.lane.run(inputs, len(ring), times, timeout_s)
 
     def _prepare(
         self,

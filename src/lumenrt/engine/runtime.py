@@ -281,12 +281,12 @@ class ModelRuntime:
         return req
 
     def run_inline(
-        self, inputs: Mapping[str, Any], times: StageTimes | None = None
+        self, inputs: Mapping[str, Any], times: StageTimes | None = None, timeout_s: float | None = None
     ) -> dict[str, Array] | None:
         """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
         if self.closed:
             return None
-        return self.lane.run(inputs, len(self.ring), times)
+        return self.lane.run(inputs, len(self.ring), times, timeout_s)
 
     def _prepare(
         self,

@@ -246,9 +246,9 @@ class GrpcServicer:
         remaining_s = context.time_remaining()  # the client's gRPC deadline, if it set one
         if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
             timeout_s = max(remaining_s, 0.0)
-        outcome = None
-        if rt.lane.active and (timeout_s is None or timeout_s > 0):  # small, and not already late
-            outcome = service.infer_inline(rt, arrays, outputs, timing=params.timing, received_ns=received_ns)
+        outcome = service.infer_inline(  # a small model: answered now when its queue is empty
+            rt, arrays, outputs, timeout_s=timeout_s, timing=params.timing, received_ns=received_ns
+        )
         if outcome is None:
             outcome = await service.infer(
                 rt, arrays, outputs, timeout_s=timeout_s, timing=params.timing, received_ns=received_ns

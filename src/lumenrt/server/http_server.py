@@ -555,10 +555,11 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
         parsed = parse_infer_request(req.body, None, service.limits.max_elements)
     arrays = service.check_inputs(rt, parsed.inputs)
     outputs = service.check_outputs(rt, list(parsed.outputs))
-    if rt.lane.active:  # a small model: answered here and now when its queue is empty
-        outcome = service.infer_inline(rt, arrays, outputs, timing=parsed.timing, received_ns=req.received_ns)
-        if outcome is not None:
-            return _infer_response(outcome, parsed)
+    outcome = service.infer_inline(  # a small model: answered now when its queue is empty
+        rt, arrays, outputs, timeout_s=parsed.timeout_s, timing=parsed.timing, received_ns=req.received_ns
+    )
+    if outcome is not None:
+        return _infer_response(outcome, parsed)
 
     async def run() -> Response:
         outcome = await service.infer(

@@ -373,20 +373,22 @@ class InferenceService:
         arrays: Mapping[str, Array],
         outputs: list[str],
         *,
+        timeout_s: float | None = None,
         timing: bool = False,
         received_ns: int = 0,
     ) -> InferOutcome | None:
         """Run one request on the model's inline lane, now, in this thread (engine/lane.py); None
-        when the lane does not take it (no lane, queue not empty, shutting down): the caller then
-        awaits ``infer``. Raises ServerError. The outcome's stage times are the lane's, valid until
-        its next request: encode the answer before serving another."""
-        if not self.accepting or self._lane_turn:
+        when the lane does not take it (no lane, queue not empty, its time already up, shutting
+        down, another request took this loop turn): the caller then awaits ``infer``. Raises
+        ServerError. The outcome's stage times are the lane's, valid until its next request:
+        encode the answer before serving another."""
+        if not rt.lane.active or not self.accepting or self._lane_turn:
             return None
         self._lane_turn = True  # work-conserving: see ``_new_turn``
         asyncio.get_running_loop().call_soon(self._new_turn)
         start = received_ns or time.monotonic_ns()
         try:
-            result = rt.run_inline(arrays)
+            result = rt.run_inline(arrays, None, timeout_s)
         except Exception as exc:
             self._count(rt, start, False)
             raise as_server_error(exc) from None

@@ -196,27 +196,19 @@ class TcpConnection(asyncio.Protocol):
             err = as_server_error(exc)
             self._reply_error(rid, err.status, err.message)
             return
-        if rt.lane.active:  # a small model: answered here and now when its queue is empty
-            timing = bool(frame.flags & FLAG_TIMING)
-            try:
-                out = self.service.infer_inline(
-                    rt, checked, outputs, timing=timing, received_ns=self._received_ns
-                )
-            except ServerError as exc:
-                self._reply_error(rid, exc.status, exc.message)
-                return
-            if out is not None:
-                self._answer(rid, out, timing)
-                return
-        request = _Request(
-            rid,
-            bool(frame.flags & FLAG_TIMING),
-            rt,
-            checked,
-            outputs,
-            meta.timeout_us / 1e6 if meta.timeout_us else None,
-            self._received_ns,
-        )
+        timing = bool(frame.flags & FLAG_TIMING)
+        timeout_s = meta.timeout_us / 1e6 if meta.timeout_us else None
+        try:  # a small model: answered here and now when its queue is empty
+            out = self.service.infer_inline(
+                rt, checked, outputs, timeout_s=timeout_s, timing=timing, received_ns=self._received_ns
+            )
+        except ServerError as exc:
+            self._reply_error(rid, exc.status, exc.message)
+            return
+        if out is not None:
+            self._answer(rid, out, timing)
+            return
+        request = _Request(rid, timing, rt, checked, outputs, timeout_s, self._received_ns)
         self.in_flight += 1
         if self.in_flight >= MAX_IN_FLIGHT:
             self._pause_reading()
