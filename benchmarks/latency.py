@@ -121,7 +121,7 @@ def fastapi_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callabl
 
 def grpc_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
     import grpc
-    import lumenrt.server.proto.grpc_service_pb2 as pb
+    import lumenrt.protocols.proto.grpc_service_pb2 as pb
 
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     call = channel.unary_unary(

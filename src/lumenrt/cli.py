@@ -50,8 +50,8 @@ COMMANDS: tuple[Command, ...] = (
         "Serve a model repository (default: the built-in models) over KServe V2 HTTP/REST "
         "(tritonclient.http, perf_analyzer), KServe V2 gRPC (tritonclient.grpc) and lumenrt's binary "
         "TCP protocol (lumenrt.client). Prints where it listens, then 'ready'.",
-        "lumenrt.server.serve:add_arguments",
-        "lumenrt.server.serve:run_from_args",
+        "lumenrt.ingress.serve:add_arguments",
+        "lumenrt.ingress.serve:run_from_args",
     ),
     Command(
         ("demo",),

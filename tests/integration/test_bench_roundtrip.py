@@ -8,8 +8,8 @@ import pytest
 
 from lumenrt.bench.roundtrip import echo_floor, frame_sizes, serve_vs_echo, stats, tcp_round_trip
 from lumenrt.engine.engine import Engine
+from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.models.builtin import builtin_examples
-from lumenrt.server.app import ServeOptions, ServerThread
 
 
 @pytest.fixture(scope="module")

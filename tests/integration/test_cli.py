@@ -115,7 +115,7 @@ def test_help_imports_only_the_command_it_shows() -> None:
     assert "lumenrt.dashboard.launch" in loaded
     others = (
         "lumenrt.bench",
-        "lumenrt.server",
+        "lumenrt.ingress",
         "lumenrt.engine",
         "lumenrt.native",
         "lumenrt.dashboard.report",

@@ -15,10 +15,10 @@ import pytest
 
 from lumenrt.backends.base import Placement
 from lumenrt.engine import engine as engine_module
-from lumenrt.engine import worker as worker_module
+from lumenrt.engine import execute as execute_module
 from lumenrt.engine.config import ConfigError
 from lumenrt.engine.engine import Engine, EngineConfig
-from lumenrt.engine.process_runtime import SPAWN, ProcessModelRuntime
+from lumenrt.engine.process_pool import SPAWN, ProcessPool
 from lumenrt.engine.process_worker import WorkerSpec, worker_main
 from lumenrt.engine.repository import ModelRepository
 from lumenrt.engine.request import EngineError, InvalidInput, QueueFull, WorkerDied
@@ -150,7 +150,7 @@ def test_gather_error_fails_the_batch_and_the_worker_serves_on(
         def broken_gather(*args: object) -> None:
             raise RuntimeError("injected: gathering failed")
 
-        monkeypatch.setattr(worker_module, "gather", broken_gather)
+        monkeypatch.setattr(execute_module, "gather", broken_gather)
         rt = engine.runtime("slow")
         queued: list[Any] = []
         threads = [infer_in_thread(engine, "slow", np.ones((1, 2), np.float32), queued) for _ in range(2)]
@@ -315,7 +315,7 @@ def test_failed_replacement_is_retried_not_ready_meanwhile_and_supervision_goes_
     flag = repo / "flaky.flag"
     with Engine(repo, EngineConfig(thread_count=1, worker_mode="process"), models=["flaky"]) as engine:
         rt = engine.runtime("flaky")
-        assert isinstance(rt, ProcessModelRuntime)
+        assert isinstance(rt.workers, ProcessPool)
         flag.write_text("x")
         try:
             first = rt.statistics()["pids"][0]
@@ -343,13 +343,13 @@ def test_failed_replacement_is_retried_not_ready_meanwhile_and_supervision_goes_
         wait_until(lambda: engine.ready("flaky"), "the second replacement")
         y = engine.infer("flaky", {"x": np.zeros((1, 2), np.float32)}).outputs["y"]
         assert y.shape == (1, 2)
-        assert rt.statistics()["worker_deaths"] >= 3 and rt.replacement_failures >= 1
+        assert rt.statistics()["worker_deaths"] >= 3 and rt.statistics()["replacement_failures"] >= 1
 
 
 def test_no_replacement_once_shutdown_began(repo: Path) -> None:
     with Engine(repo, EngineConfig(thread_count=1, worker_mode="process"), models=["paced"]) as engine:
         rt = engine.runtime("paced")
-        assert isinstance(rt, ProcessModelRuntime)
+        assert isinstance(rt.workers, ProcessPool)
         out: list[Any] = []
         t = infer_in_thread(engine, "paced", np.full((1, 2), 5.0, np.float32), out)
         wait_until(lambda: rt.statistics()["ring"]["popped"] >= 1, "the request taken")
@@ -358,7 +358,7 @@ def test_no_replacement_once_shutdown_began(repo: Path) -> None:
         os.kill(pid, signal.SIGKILL)
         t.join(HANG_S)
         assert not t.is_alive() and isinstance(out[0], WorkerDied), out
-        wait_until(lambda: rt.worker_deaths == 1, f"the death reported ({rt.statistics()})")
+        wait_until(lambda: rt.statistics()["worker_deaths"] == 1, f"the death reported ({rt.statistics()})")
         assert rt.statistics()["pids"][0] == pid and not engine.ready("paced")
 
 

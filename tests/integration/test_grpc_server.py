@@ -17,9 +17,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from lumenrt.engine.engine import Engine
-from lumenrt.server.app import ServeOptions, ServerThread
-from lumenrt.server.proto import grpc_service_pb2 as pb
-from lumenrt.server.service import ServeLimits
+from lumenrt.ingress.app import ServeOptions, ServerThread
+from lumenrt.ingress.service import ServeLimits
+from lumenrt.protocols.proto import grpc_service_pb2 as pb
 from tests.integration import slow_model_state
 
 MODELS = ["squeezenet", "digits_mlp", "tabular_xgb"]

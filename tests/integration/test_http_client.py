@@ -10,8 +10,8 @@ import pytest
 
 from lumenrt.client import AsyncHttpClient, HttpClient, InferenceError
 from lumenrt.engine.engine import Engine
+from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.models.builtin import builtin_examples
-from lumenrt.server.app import ServeOptions, ServerThread
 
 MODELS = ["digits_mlp", "tabular_xgb"]
 

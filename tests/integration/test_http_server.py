@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from lumenrt.engine.engine import Engine
+from lumenrt.ingress.app import ServeOptions, ServerThread
+from lumenrt.ingress.service import ServeLimits
 from lumenrt.models.builtin import builtin_examples
-from lumenrt.server.app import ServeOptions, ServerThread
-from lumenrt.server.http_headers import CONTINUE
-from lumenrt.server.service import ServeLimits
+from lumenrt.protocols.http_headers import CONTINUE
 
 LIMITS = ServeLimits(max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=0.5, idle_timeout_s=1.0)
 
@@ -272,7 +272,7 @@ def test_stop_accepting_refuses_with_503() -> None:
         )
 
 
-# ---- headers that change the meaning of a request (lumenrt.server.http_headers) ---------------------
+# ---- headers that change the meaning of a request (lumenrt.protocols.http_headers) ---------------------
 
 INFER = "/v2/models/digits_mlp/infer"
 
@@ -536,7 +536,7 @@ def test_other_expectations_are_417(server: ServerThread) -> None:
     assert response[1].get("connection") == "close"
 
 
-# ---- request parameters (lumenrt.server.parameters) -------------------------------------------------
+# ---- request parameters (lumenrt.protocols.parameters) -------------------------------------------------
 
 
 def infer_doc(**extra: object) -> dict[str, object]:

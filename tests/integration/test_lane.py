@@ -15,8 +15,8 @@ from lumenrt.client import HttpClient, InferenceError, TcpClient
 from lumenrt.engine.config import ConfigError
 from lumenrt.engine.engine import Engine, EngineConfig
 from lumenrt.engine.request import InvalidInput
+from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.models.builtin import builtin_examples
-from lumenrt.server.app import ServeOptions, ServerThread
 from tests.integration import slow_model_state
 from tests.integration.test_engine import write_py_model
 

@@ -16,10 +16,10 @@ import pytest
 
 from lumenrt.client import AsyncTcpClient, InferenceError, TcpClient
 from lumenrt.engine.engine import Engine
+from lumenrt.ingress.app import ServeOptions, ServerThread
+from lumenrt.ingress.service import ServeLimits
 from lumenrt.models.builtin import builtin_examples
 from lumenrt.protocols import tcp as tp
-from lumenrt.server.app import ServeOptions, ServerThread
-from lumenrt.server.service import ServeLimits
 from tests.integration import slow_model_state
 
 MODELS = ["digits_mlp", "tabular_xgb"]

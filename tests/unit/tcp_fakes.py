@@ -13,9 +13,9 @@ from lumenrt.engine.config import ModelConfig, TensorSpec
 from lumenrt.engine.engine import InferResult
 from lumenrt.engine.repository import ModelNotFound
 from lumenrt.engine.request import StageTimes
+from lumenrt.ingress.service import InferenceService, ServeLimits
+from lumenrt.ingress.tcp_server import TcpConnection, TcpFrontEnd
 from lumenrt.protocols import tcp as tp
-from lumenrt.server.service import InferenceService, ServeLimits
-from lumenrt.server.tcp_server import TcpConnection, TcpFrontEnd
 
 
 class NoLane:
@@ -91,8 +91,14 @@ class FakeTransport:
         for p in parts:
             self.write(p)
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # the client takes everything at once (tests/unit/test_connection.py buffers)
+
     def is_closing(self) -> bool:
         return self.closing
+
+    def abort(self) -> None:
+        self.close()
 
     def close(self) -> None:
         if not self.closing:

@@ -59,7 +59,7 @@ def test_repository_has_three_models_with_config_and_version_1(repo: Path) -> No
 
 
 def test_configs_pass_the_model_config_loader(repo: Path) -> None:
-    from lumenrt.engine.config import load_model_config
+    from lumenrt.engine.repository import load_model_config
 
     for name in MODEL_NAMES:
         config = load_model_config(repo / name / "config.yaml", default_name=name)

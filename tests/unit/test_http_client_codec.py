@@ -8,12 +8,8 @@ import numpy as np
 import pytest
 
 from lumenrt.client import InferenceError
-from lumenrt.client.http import HEADER_LENGTH, TIMING_PARAMETER, decode_infer, encode_infer, infer_path
-from lumenrt.server.service import TIMING_PARAMETER as SERVER_TIMING_PARAMETER
-
-
-def test_timing_parameter_is_the_servers() -> None:
-    assert TIMING_PARAMETER == SERVER_TIMING_PARAMETER
+from lumenrt.client.http import HEADER_LENGTH, decode_infer, encode_infer, infer_path
+from lumenrt.protocols.parameters import TIMING_PARAMETER
 
 
 def test_paths_quote_names_and_versions() -> None:

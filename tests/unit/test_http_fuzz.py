@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lumenrt.engine.engine import Engine
+from lumenrt.ingress.app import new_event_loop
+from lumenrt.ingress.http_server import HttpConnection, HttpServer
+from lumenrt.ingress.service import InferenceService, ServeLimits
+from lumenrt.ingress.v2_http import parse_infer_request
 from lumenrt.models.builtin import builtin_examples
-from lumenrt.server.app import new_event_loop
-from lumenrt.server.errors import ServerError
-from lumenrt.server.http_headers import CONTINUE
-from lumenrt.server.http_server import HttpConnection, HttpServer
-from lumenrt.server.service import InferenceService, ServeLimits
-from lumenrt.server.v2_http import parse_infer_request
+from lumenrt.protocols.errors import ServerError
+from lumenrt.protocols.http_headers import CONTINUE
 
 MAX_ELEMENTS = 1 << 12
 json_values = st.recursive(

@@ -1,5 +1,5 @@
 """The checks on the HTTP headers that change what a request means, and the bounded decoder of a
-compressed body (``lumenrt.server.http_headers``), without sockets."""
+compressed body (``lumenrt.protocols.http_headers``), without sockets."""
 
 import gzip
 import zlib
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumenrt.server.errors import ServerError
-from lumenrt.server.http_headers import ContentDecoder, HttpError, check_head, parser_error
+from lumenrt.protocols.errors import ServerError
+from lumenrt.protocols.http_headers import ContentDecoder, HttpError, check_head, parser_error
 
 LIMIT = 1 << 16
 

@@ -16,8 +16,8 @@ from lumenrt.engine.config import (
     InstanceGroup,
     ModelConfig,
     TensorSpec,
-    load_model_config,
 )
+from lumenrt.engine.repository import load_model_config
 from lumenrt.protocols import dtypes
 
 

@@ -1,12 +1,12 @@
-"""The request parameters the server gives meaning to (``lumenrt.server.parameters``): one set of
+"""The request parameters the server gives meaning to (``lumenrt.protocols.parameters``): one set of
 checks for HTTP and gRPC, each error naming the parameter."""
 
 from typing import Any
 
 import pytest
 
-from lumenrt.server.errors import ServerError
-from lumenrt.server.parameters import (
+from lumenrt.protocols.errors import ServerError
+from lumenrt.protocols.parameters import (
     MAX_TIMEOUT_US,
     RequestParameters,
     grpc_values,
@@ -15,7 +15,7 @@ from lumenrt.server.parameters import (
     refuse_load_parameters,
     request_parameters,
 )
-from lumenrt.server.proto import grpc_service_pb2 as pb
+from lumenrt.protocols.proto import grpc_service_pb2 as pb
 
 
 def message(call: Any, *args: Any) -> str:

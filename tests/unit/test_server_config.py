@@ -16,7 +16,7 @@ from lumenrt.engine.server_config import (
     EngineConfig,
     load_engine_config,
 )
-from lumenrt.server.serve import add_arguments as add_serve_arguments
+from lumenrt.ingress.serve import add_arguments as add_serve_arguments
 
 USABLE = tuple(sorted(os.sched_getaffinity(0)))
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from lumenrt.ingress.service import ServeLimits
+from lumenrt.ingress.tcp_server import LINGER_S, MAX_IN_FLIGHT, RESUME_IN_FLIGHT
 from lumenrt.protocols import tcp as tp
-from lumenrt.server.service import ServeLimits
-from lumenrt.server.tcp_server import LINGER_S, MAX_IN_FLIGHT, RESUME_IN_FLIGHT
 from tests.unit.tcp_fakes import Harness, header, request
 
 
@@ -129,9 +129,9 @@ def test_a_broken_frame_gets_one_error_then_the_connection_half_closes(
     assert 2 not in got
     assert h.transport.eof_written and h.conn.draining
     assert h.transport.reading  # input is still read (and dropped) so the close does not reset
-    h.conn.sweep(h.conn.draining_since + LINGER_S / 2, h.service.limits)
+    h.conn.check_timeouts(h.conn.draining_since + LINGER_S / 2)
     assert not h.transport.closing
-    h.conn.sweep(h.conn.draining_since + LINGER_S, h.service.limits)
+    h.conn.check_timeouts(h.conn.draining_since + LINGER_S)
     assert h.transport.closing
 
 
@@ -198,10 +198,10 @@ def test_a_partial_frame_older_than_the_receive_timeout_is_cut_off(h: Harness) -
     limits = h.service.limits
     h.feed(request(1)[:30])
     t0 = 1000.0
-    h.conn.sweep(t0, limits)  # first seen
-    h.conn.sweep(t0 + limits.receive_timeout_s * 0.9, limits)
+    h.conn.check_timeouts(t0)  # first seen
+    h.conn.check_timeouts(t0 + limits.receive_timeout_s * 0.9)
     assert not h.conn.draining
-    h.conn.sweep(t0 + limits.receive_timeout_s, limits)
+    h.conn.check_timeouts(t0 + limits.receive_timeout_s)
     info = error_of(answers(h)[0])
     assert (
         info.status == 408 and "frame not received whole within 2 s (30 bytes of it arrived)" in info.message
@@ -213,9 +213,9 @@ def test_a_partial_frame_that_progresses_to_completion_is_not_cut_off(h: Harness
     limits = h.service.limits
     frame = request(1)
     h.feed(frame[:30])
-    h.conn.sweep(1000.0, limits)
+    h.conn.check_timeouts(1000.0)
     h.feed(frame[30:] + request(2)[:10])  # the first completes, a second starts
-    h.conn.sweep(1000.0 + limits.receive_timeout_s, limits)  # the new partial frame's clock starts
+    h.conn.check_timeouts(1000.0 + limits.receive_timeout_s)  # the new partial frame's clock starts
     assert not h.conn.draining
     h.settle()
     assert sorted(answers(h)) == [1]
@@ -227,14 +227,14 @@ def test_an_idle_connection_is_closed_and_a_busy_one_is_not(h: Harness) -> None:
     h.feed(request(1))
     h.settle()
     t = h.conn.active_at
-    h.conn.sweep(t + limits.idle_timeout_s * 2, limits)  # a request in flight: not idle
+    h.conn.check_timeouts(t + limits.idle_timeout_s * 2)  # a request in flight: not idle
     assert not h.transport.closing
     h.engine.hold.set()
     h.settle()
     now = t + limits.idle_timeout_s * 2
-    h.conn.sweep(now + limits.idle_timeout_s / 2, limits)
+    h.conn.check_timeouts(now + limits.idle_timeout_s / 2)
     assert not h.transport.closing
-    h.conn.sweep(now + limits.idle_timeout_s, limits)
+    h.conn.check_timeouts(now + limits.idle_timeout_s)
     assert h.transport.closing
     assert answers(h)[1].kind == tp.RESPONSE  # no error frame for an idle close
 

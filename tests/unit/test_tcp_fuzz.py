@@ -10,8 +10,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lumenrt.ingress.service import ServeLimits
+from lumenrt.protocols import raw
 from lumenrt.protocols import tcp as tp
-from lumenrt.server.service import ServeLimits
 from tests.unit.tcp_fakes import Harness, header, request
 
 MAX_FRAME = 1 << 16
@@ -40,7 +41,7 @@ def decode_everything(frame: tp.Frame) -> None:
         if frame.kind == tp.REQUEST:
             meta = tp.decode_request_meta(frame.meta)
             if meta.payload_bytes == frame.payload_bytes:
-                tp.split_payload(frame.data, frame.payload_at, meta.slots, "input")
+                raw.split_payload(frame.data, frame.payload_at, meta.slots, "input", tp.ProtocolError)
         elif frame.kind == tp.RESPONSE:
             tp.ResponseDecoder().decode(frame)
         elif frame.kind == tp.ERROR:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from lumenrt.protocols import raw
 from lumenrt.protocols import tcp as tp
 from lumenrt.protocols.tcp import Frame, FrameDecoder, ProtocolError
 
@@ -48,7 +49,7 @@ def request_frame(inputs: dict[str, Any], **kw: Any) -> bytes:
 def decode_request(frame: Frame) -> tuple[tp.RequestMeta, dict[str, np.ndarray]]:
     meta = tp.decode_request_meta(frame.meta)
     assert meta.payload_bytes == frame.payload_bytes
-    arrays = tp.split_payload(frame.data, frame.payload_at, meta.slots, "input")
+    arrays = raw.split_payload(frame.data, frame.payload_at, meta.slots, "input", ProtocolError)
     return meta, {s.name: a for s, a in zip(meta.slots, arrays, strict=True)}
 
 
@@ -385,7 +386,7 @@ def test_malformed_request_metadata_names_the_problem(meta: bytes, expected: str
 def payload_error(datatype_code: int, shape: tuple[int, ...], data: bytes) -> str:
     meta = tp.decode_request_meta(request_meta(inputs=desc(code=datatype_code, shape=shape, size=len(data))))
     with pytest.raises(ProtocolError) as info:
-        tp.split_payload(data, 0, meta.slots, "input")
+        raw.split_payload(data, 0, meta.slots, "input", ProtocolError)
     return info.value.message
 
 
@@ -434,15 +435,6 @@ def test_malformed_response_and_error_metadata() -> None:
 def test_what_cannot_be_sent_is_a_value_error(call: Callable[[], Any], expected: str) -> None:
     with pytest.raises(ValueError, match=expected.replace("(", r"\(").replace(".", r"\.")):
         call()
-
-
-def test_from_raw_checks_sizes() -> None:
-    d = tp.TensorDesc("t", "INT32", (2,), 8)
-    assert tp.from_raw(memoryview(struct.pack("<2i", -1, 5)), d, "t").tolist() == [-1, 5]
-    with pytest.raises(ProtocolError, match="7 bytes of data, the descriptor says 8"):
-        tp.from_raw(bytes(7), d, "t")
-    with pytest.raises(ProtocolError, match="needs 12 bytes"):
-        tp.from_raw(bytes(8), tp.TensorDesc("t", "INT32", (3,), 8), "t")
 
 
 def test_cached_encoders_join_small_frames_and_keep_large_tensors_as_views() -> None:

@@ -9,9 +9,9 @@ import pytest
 
 from lumenrt.client.http import encode_infer
 from lumenrt.engine.request import StageTimes
-from lumenrt.server import v2_http
-from lumenrt.server.errors import ServerError
-from lumenrt.server.service import InferOutcome
+from lumenrt.ingress import v2_http
+from lumenrt.ingress.service import InferOutcome
+from lumenrt.protocols.errors import ServerError
 
 MAX_ELEMENTS = 1 << 20
 

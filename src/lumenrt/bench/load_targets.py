@@ -32,7 +32,7 @@ from lumenrt.client.tcp import AsyncTcpClient
 
 PROTOCOLS = ("tcp", "http", "http-json", "http-raw", "grpc")
 _METADATA_TIMEOUT_S = 10.0  # guessed: ample for one loopback GET
-_GRPC_SERVICE = "/inference.GRPCInferenceService/"  # Triton's wire name (lumenrt.server.grpc_server)
+_GRPC_SERVICE = "/inference.GRPCInferenceService/"  # Triton's wire name (lumenrt.ingress.grpc_server)
 _TIMING_PREFIX = "lumenrt_"
 
 
@@ -208,7 +208,7 @@ class GrpcTarget:
         stages: bool,
         timeout_s: float | None,
     ) -> None:
-        from lumenrt.server.proto import grpc_service_pb2 as pb  # generated at build time
+        from lumenrt.protocols.proto import grpc_service_pb2 as pb  # generated at build time
 
         self.url = url
         self.timeout_s = timeout_s
@@ -251,7 +251,7 @@ def _datatype(array: npt.NDArray[Any]) -> str:
 
 
 def _raw_bytes(array: npt.NDArray[Any]) -> bytes:
-    from lumenrt.protocols.tcp import to_raw
+    from lumenrt.protocols.raw import to_raw
 
     return bytes(to_raw(array)[1])
 

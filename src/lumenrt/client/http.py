@@ -31,12 +31,11 @@ import numpy as np
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
 from lumenrt.protocols import dtypes
-from lumenrt.protocols.tcp import DATATYPE_CODES, ProtocolError, TensorDesc, from_raw, to_raw
+from lumenrt.protocols.parameters import TIMING_PARAMETER
+from lumenrt.protocols.raw import from_raw, to_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-TIMING_PARAMETER = "lumenrt_timing"  # lumenrt.server.service.TIMING_PARAMETER
 _TIMING_PREFIX = "lumenrt_"
-_CODE_NAMES = {code: name for name, code in DATATYPE_CODES.items()}
 MAX_HEADER_BYTES = 64 << 10  # a response's status line and headers (async client)
 
 
@@ -78,13 +77,13 @@ def encode_infer(
     raws: list[bytes | memoryview] = []
     for name, value in inputs.items():
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        code, raw = to_raw(array)
-        entry: dict[str, Any] = {"name": name, "datatype": _CODE_NAMES[code], "shape": list(array.shape)}
+        datatype, raw = to_raw(array)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
             entry["parameters"] = {"binary_data_size": len(raw) if isinstance(raw, bytes) else raw.nbytes}
             raws.append(raw)
         else:
-            entry["data"] = _json_data(array, _CODE_NAMES[code])
+            entry["data"] = _json_data(array, datatype)
         tensors.append(entry)
     header["inputs"] = tensors
     if outputs is not None:
@@ -138,7 +137,9 @@ def decode_infer(status: int, headers: Mapping[str, str], body: bytes) -> InferR
                 size = int(size)
                 if at + size > len(body):
                     raise ValueError(f"output {name!r}: {size} bytes of binary data past the body's end")
-                outputs[name] = from_raw(view[at : at + size], TensorDesc(name, datatype, shape, size), name)
+                outputs[name] = from_raw(
+                    view[at : at + size], datatype, shape, f"output {name!r}", ValueError
+                )
                 at += size
             else:
                 outputs[name] = _from_json(out.get("data", []), datatype, shape)
@@ -149,9 +150,8 @@ def decode_infer(status: int, headers: Mapping[str, str], body: bytes) -> InferR
             if k.startswith(_TIMING_PREFIX) and isinstance(v, int) and not isinstance(v, bool)
         }
         return InferResult(str(doc.get("model_name", "")), str(doc.get("model_version", "")), outputs, timing)
-    except (ValueError, KeyError, TypeError, ProtocolError) as exc:
-        message = exc.message if isinstance(exc, ProtocolError) else str(exc)
-        raise InferenceError(502, f"bad inference response from the server: {message}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InferenceError(502, f"bad inference response from the server: {exc}") from None
 
 
 def _from_json(data: Any, datatype: str, shape: tuple[int, ...]) -> Any:

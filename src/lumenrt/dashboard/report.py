@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from lumenrt.dashboard import figures
-from lumenrt.dashboard.report_cli import MAX_LOAD_RUNS
 from lumenrt.dashboard.results import (
+    MAX_LOAD_RUNS,
     Catalog,
     LoadRun,
     LoadSamples,

@@ -4,7 +4,7 @@
 import argparse
 import sys
 
-MAX_LOAD_RUNS = 12  # load runs in a report by default (newest first)
+from lumenrt.dashboard.results import MAX_LOAD_RUNS  # numpy only: no plotly
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

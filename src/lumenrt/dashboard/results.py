@@ -25,6 +25,9 @@ STAGES = ("queue", "batch", "compute", "return")
 PERCENTILES = ("p50", "p90", "p95", "p99", "p99.9", "max")
 """The latency summary keys plotted as percentiles (``min`` and ``mean`` are not percentiles)."""
 
+MAX_LOAD_RUNS = 12
+"""Load runs a report shows when it is not given files (the newest ones)."""
+
 FloatArray = npt.NDArray[np.float64]
 
 

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from lumenrt.engine.descriptors import request_rows
 from lumenrt.native import Item, Latches, Ring, RingClosed
 
 T = TypeVar("T")
@@ -47,7 +48,8 @@ class Source(Protocol[T]):
 
 
 class RingSource:
-    """Requests straight from a ring (thread mode): the item's aux0 is its row count. The latches
+    """Requests straight from a ring (thread pool): each item is a request descriptor
+    (descriptors.py). The latches
     of the requests completed since the last take (``signal``) are set by the next take, with the
     GIL released (see request.py)."""
 
@@ -60,7 +62,7 @@ class RingSource:
         return self._ring.pop_many(max_n, timeout_s=timeout_s, latches=self._latches, signal=self.signal)
 
     def rows(self, request: Item) -> int:
-        return request.aux0
+        return request_rows(request)
 
     def waiting(self) -> int:
         return len(self._ring)

@@ -5,7 +5,9 @@ Field names follow Triton's model configuration where one exists (``max_batch_si
 them at sight. Datatypes are KServe V2 names (FP32, INT64, BYTES ...). ``dims`` exclude the batch
 dimension when ``max_batch_size > 0``; -1 marks a variable dimension.
 
-``load_model_config`` reads and checks one file. Unknown keys are refused (a typo must not pass
+``model_config_from_dict`` checks one parsed file (``read_config_file``); the repository's
+``load_model_config`` does both and checks the backend name against the registry (this module
+imports no backend: the backends import it). Unknown keys are refused (a typo must not pass
 silently), and every error names the file and the dotted field path, e.g.
 ``input[1].dims[0]``. The checked readers at the bottom are shared with ``server_config``.
 """
@@ -94,14 +96,12 @@ _INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU")  # Triton's; lumenrt places instance
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")  # safe in a URL path and as a folder name
 
 
-def load_model_config(path: Path, *, default_name: str) -> ModelConfig:
-    """Read and check a model config file (.yaml, .yml or .json). ``default_name`` is the model
-    folder's name: the model's name, which a ``name`` key may repeat but not change."""
-    return model_config_from_dict(read_config_file(path), str(path), default_name)
-
-
 def model_config_from_dict(raw: Mapping[str, Any], source: str, default_name: str) -> ModelConfig:
-    """Check an already parsed config; ``source`` names it in errors (usually the file path)."""
+    """Check an already parsed config; ``source`` names it in errors (usually the file path).
+
+    ``backend`` is only checked to be a name here: whether a backend of that name is registered is
+    checked where configs are loaded (``lumenrt.engine.repository.load_model_config``), since the
+    backends import this module."""
     raw = check_keys(raw, _MODEL_KEYS, source, "")
     name = default_name
     if "name" in raw:
@@ -121,9 +121,6 @@ def model_config_from_dict(raw: Mapping[str, Any], source: str, default_name: st
     if "backend" not in raw:
         raise ConfigError(source, "backend", "required: the backend that runs the model (e.g. onnxruntime)")
     backend = read_str(raw["backend"], source, "backend")
-    from lumenrt.backends.base import get_backend  # here: the backends import this module
-
-    get_backend(backend, source)
     max_batch_size = read_int(raw.get("max_batch_size", 0), source, "max_batch_size", minimum=0)
     batching = None
     if "dynamic_batching" in raw:

@@ -20,14 +20,14 @@ may need it.
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lumenrt.backends.base import Placement, get_backend
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.process_runtime import ProcessModelRuntime
+from lumenrt.engine.descriptors import answer_model_id, try_push_answer
 from lumenrt.engine.repository import ModelNotFound, ModelRepository
 from lumenrt.engine.request import Array, EngineError, InferRequest, ModelNotReady, StageTimes
 from lumenrt.engine.runtime import ModelRuntime, RuntimeOptions
@@ -41,7 +41,7 @@ from lumenrt.native import (
     ring_required_bytes,
 )
 
-AnyRuntime = ModelRuntime | ProcessModelRuntime
+AnyRuntime = ModelRuntime
 COMPLETION_CAPACITY = 1 << 16  # async completions in flight at once across all models (guessed ample)
 
 
@@ -106,7 +106,7 @@ class _AsyncCompletions:
         self.drain()
 
     def on_done(self, req: InferRequest) -> None:  # worker thread
-        if not self.ring.try_push(req.index, kind=req.model_id):
+        if not try_push_answer(self.ring, req):
             self.overflowed += 1
             self.overflow.append((req.model_id, req.index))
         self.notifier.notify()
@@ -114,14 +114,14 @@ class _AsyncCompletions:
     def poll(self, timeout_s: float) -> None:  # event loop thread
         """Wait up to ``timeout_s`` (GIL released) for a completion; resolve what arrived."""
         for item in self.ring.pop_many(256, timeout_s=timeout_s):
-            self._engine._resolve(item.kind, item.request_id)
+            self._engine._resolve(answer_model_id(item), item.request_id)
 
     def drain(self) -> None:  # event loop thread
         self.notifier.drain()
         overflow = self.overflow
         while True:
             for item in self.ring.pop_many(256, timeout_s=0):
-                self._engine._resolve(item.kind, item.request_id)
+                self._engine._resolve(answer_model_id(item), item.request_id)
             while overflow:
                 self._engine._resolve(*overflow.popleft())
             self.notifier.arm()
@@ -170,12 +170,11 @@ class Engine:
         """Load (or reload) every version the model's version policy selects."""
         loaded = self.repository.load(name)
         fresh: dict[int, AnyRuntime] = {}
-        runtime_class = ProcessModelRuntime if self.settings.worker_mode == "process" else ModelRuntime
         try:
             for lm in loaded:
                 n = lm.config.instance_group.count or self.settings.thread_count or len(self.settings.cores)
                 cores = lm.config.instance_group.cores or self.settings.cores
-                runtime = runtime_class(
+                runtime = ModelRuntime(
                     config=capped(lm.config, self.settings.batch_size),
                     version=lm.version,
                     model_path=lm.model_path,
@@ -190,6 +189,7 @@ class Engine:
                         spin_us=self.settings.spin_us,
                         lane=self.settings.lane,
                         lane_max_us=self.settings.lane_max_us,
+                        worker_mode=self.settings.worker_mode,
                     ),
                 )
                 runtime.model_id = self._next_id
@@ -289,6 +289,35 @@ class Engine:
         req = rt.run(inputs, timeout_s=timeout_s)
         return self._finish(rt, req)
 
+    def submit_callback(
+        self,
+        rt: "AnyRuntime",
+        inputs: Mapping[str, Any],
+        on_answer: Callable[[InferRequest], None],
+        context: Any = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Queue a request from the event loop thread without a Task or Future: ``on_answer(req)``
+        runs in that thread once it is answered (``req.outputs`` or ``req.error``; ``req.context``
+        is ``context``). The callee owns the request from then on: it reads it and calls
+        ``rt.release(req)`` exactly once. Raises (EngineError, InvalidInput) when admission
+        refuses, and then never calls back."""
+        completions = self._bind(asyncio.get_running_loop())
+        req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done)
+        req.on_answer = on_answer  # read by _resolve, in this thread, after this returns
+        req.context = context
+        completions.outstanding += 1
+        if completions.outstanding == 1 and self.settings.spin_us:
+            completions.poll(self.settings.spin_us / 1e6)  # inline completion (see the top)
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> _AsyncCompletions:
+        completions = self._async
+        if completions is None:
+            completions = self._async = _AsyncCompletions(self)
+        completions.bind(loop)
+        return completions
+
     async def infer_async(
         self,
         model: str,
@@ -298,10 +327,7 @@ class Engine:
         timeout_s: float | None = None,
     ) -> InferResult:
         loop = asyncio.get_running_loop()
-        completions = self._async
-        if completions is None:
-            completions = self._async = _AsyncCompletions(self)
-        completions.bind(loop)
+        completions = self._bind(loop)
         rt = self.runtime(model, version)
         future: asyncio.Future[None] = loop.create_future()
         req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done)
@@ -321,6 +347,10 @@ class Engine:
             self._async.outstanding -= 1
         rt = self._by_id[model_id]
         req = rt.table.records[index]
+        on_answer = req.on_answer
+        if on_answer is not None:  # submit_callback: the callee reads and releases it
+            on_answer(req)
+            return
         future: asyncio.Future[None] | None = req.future
         if future is None or future.done():  # the caller went away (cancelled): nobody will read it
             rt.release(req)

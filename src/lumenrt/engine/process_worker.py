@@ -14,7 +14,6 @@ the server, which drains and then stops its workers itself.
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,15 +23,23 @@ import numpy as np
 from lumenrt.backends.base import Placement, get_backend
 from lumenrt.engine.batcher import Batcher
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
-from lumenrt.engine.worker import (
-    batch_buffers,
-    batch_policy,
-    gather,
-    has_variable_dims,
-    shape_groups,
-    zeros_for,
+from lumenrt.engine.descriptors import (
+    CANCELLED,
+    FAILED,
+    FROM_WORKER,
+    OK,
+    SYNC,
+    TIMED_OUT,
+    push_completion,
+    request_deadline_ns,
+    request_generation,
+    request_kind,
+    request_rows,
 )
+from lumenrt.engine.execute import execute_batch
+from lumenrt.engine.request import Array
+from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
+from lumenrt.engine.worker import batch_plan, batch_policy, zeros_for
 from lumenrt.native import (
     DESC_DTYPE,
     HOLD_DONE,
@@ -47,13 +54,6 @@ from lumenrt.native import (
     set_parent_death_signal,
 )
 
-# Completion statuses (descriptor aux0, and the slot header's status).
-OK, TIMED_OUT, CANCELLED, FAILED, WORKER_DIED = 0, 1, 2, 3, 4
-# Completion descriptor kinds.
-FROM_WORKER, FROM_SUPERVISOR = 0, 1
-# Request descriptor kinds: ASYNC is answered through the completion ring; SYNC by writing the
-# status into the slot header and setting the caller's latch (the caller waits on it itself).
-ASYNC, SYNC = 0, 1
 # Worker states in the status table.
 STARTING, READY, EXITED = 0, 1, 2
 LOAD_FAILED = 3  # exit code of a worker whose model did not load
@@ -91,7 +91,7 @@ class HeldSource:
         return [(item, first + k) for k, item in enumerate(items)]
 
     def rows(self, request: tuple[Item, int]) -> int:
-        return request[0].aux0
+        return request_rows(request[0])
 
     def waiting(self) -> int:
         return len(self._ring)
@@ -108,7 +108,7 @@ def worker_main(spec: WorkerSpec) -> None:
     requests = Ring.attach(region, off["requests"])
     requests.spin_ns = spec.spin_ns
     completions = Ring.attach(region, off["completions"])
-    pool = SlabPool.attach(region, off["pool"])
+    pool = SlabPool.attach(region, off["arena"])
     latches = Latches.attach(region, spec.table_size, off["latches"])
     hold_offset = off["holds"] + spec.index * spec.hold_bytes
     hold_ids: Any = np.ndarray(
@@ -134,82 +134,114 @@ def worker_main(spec: WorkerSpec) -> None:
         raise SystemExit(LOAD_FAILED) from None
     status[spec.index, :2] = (os.getpid(), READY)
     batcher = Batcher(HeldSource(requests, region, hold_offset), batch_policy(config))
-    buffers = batch_buffers(config)
-
-    def finish(item: Item, pos: int, code: int) -> None:
-        if item.kind == SYNC:
-            header(pool.view(item.slot))["status"] = code
-            latches.set(item.request_id)
-        else:
-            completions.push(item.request_id, slot=item.slot, aux0=code, aux1=item.aux1, kind=FROM_WORKER)
-        hold_ids[pos % spec.hold_capacity] = HOLD_DONE  # after: a death between = a duplicate notice
-
-    variable = has_variable_dims(config) and config.max_batch_size > 0
-
-    def run_group(live: list[tuple[Item, int, memoryview]]) -> None:
-        parts = [read_tensors(slot, config, outputs=False) for _, _, slot in live]
-        inputs = parts[0] if len(parts) == 1 else gather(config, buffers, parts)
-        rows = sum(item.aux0 for item, _, _ in live)
-        t_start = time.monotonic_ns()
-        try:
-            outputs = session.run(inputs)
-        except Exception as e:
-            for item, pos, slot in live:
-                write_error(slot, f"model {config.name!r} failed: {type(e).__name__}: {e}")
-                finish(item, pos, FAILED)
-            return
-        t_end = time.monotonic_ns()
-        # counted before any answer goes out, so a caller that reads the statistics once answered
-        # sees its request in them (as thread mode, whose latches are set at the next take)
-        status[spec.index, 2] += len(live)
-        status[spec.index, 3] += 1
-        status[spec.index, 4] += (t_end - t_start) * len(live)
-        offset = 0
-        for item, pos, slot in live:
-            n = item.aux0
-            mine = {k: v[offset : offset + n] for k, v in outputs.items()} if len(live) > 1 else outputs
-            offset += n
-            h = header(slot)
-            h["compute_start_ns"], h["compute_end_ns"], h["batch_rows"] = t_start, t_end, rows
-            try:
-                write_outputs(slot, mine)
-            except ValueError as e:
-                write_error(slot, str(e))
-                finish(item, pos, FAILED)
-                continue
-            finish(item, pos, OK)
-
+    plan = batch_plan(config)
+    sink = SlotSink(config, pool, completions, latches, hold_ids, cancel, status[spec.index])
     try:
         while True:
             try:
                 batch = batcher.next_batch()
             except RingClosed:
                 break
-            now_ns = time.monotonic_ns()
-            live: list[tuple[Item, int, memoryview]] = []
-            for item, pos in batch:
-                slot = pool.view(item.slot)
-                header(slot)["dequeued_ns"] = now_ns
-                if cancel[item.request_id]:
-                    finish(item, pos, CANCELLED)
-                elif item.aux2 and now_ns > item.aux2:
-                    finish(item, pos, TIMED_OUT)
-                else:
-                    live.append((item, pos, slot))
-            if not live:
-                continue
-            groups = [live]
-            if variable and len(live) > 1:
-                parts = [read_tensors(slot, config, outputs=False) for _, _, slot in live]
-                groups = [[live[i] for i in g] for g in shape_groups(parts)]
-            for group in groups:
-                try:
-                    run_group(group)
-                except Exception as e:  # never leave a request unanswered (see worker.py)
-                    for item, pos, slot in group:
-                        if hold_ids[pos % spec.hold_capacity] != HOLD_DONE:
-                            write_error(slot, f"model {config.name!r}: could not run the batch: {e}")
-                            finish(item, pos, FAILED)
+            execute_batch(
+                plan, session, [HeldRequest(item, pos, pool.view(item.slot)) for item, pos in batch], sink
+            )
     finally:
         status[spec.index, 1] = EXITED
         session.close()
+
+
+@dataclass(slots=True)
+class HeldRequest:
+    """A request a worker process has taken: its descriptor, its place in the worker's hold, and
+    its arena slot (a view of shared memory owned by the engine's arena; the worker only reads
+    the inputs and writes the answer there)."""
+
+    item: Item
+    hold_pos: int
+    slot: memoryview
+
+
+class SlotSink:
+    """execute.py's sink for a worker process: a request's inputs are read in place from its slot;
+    its answer (outputs or error text, stage times, status) is written into the slot and reported
+    (SYNC: status in the slot header and the caller's latch; ASYNC: a completion descriptor), then
+    its hold entry is marked done. Requests and batches are counted in the status table; the rest
+    of the statistics where the answer is read (process_pool.py)."""
+
+    __slots__ = ("_cancel", "_completions", "_config", "_hold_ids", "_latches", "_pool", "_status")
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        pool: SlabPool,
+        completions: Ring,
+        latches: Latches,
+        hold_ids: Any,
+        cancel: Any,
+        status: Any,
+    ) -> None:
+        self._config, self._pool, self._completions, self._latches = config, pool, completions, latches
+        self._hold_ids, self._cancel, self._status = hold_ids, cancel, status
+
+    def inputs(self, request: HeldRequest) -> dict[str, Array]:
+        return read_tensors(request.slot, self._config, outputs=False)
+
+    def rows(self, request: HeldRequest) -> int:
+        return request_rows(request.item)
+
+    def dequeue(self, request: HeldRequest, now_ns: int) -> bool:
+        header(request.slot)["dequeued_ns"] = now_ns
+        item = request.item
+        if self._cancel[item.request_id]:
+            self._finish(request, CANCELLED)
+            return True
+        deadline_ns = request_deadline_ns(item)
+        if deadline_ns and now_ns > deadline_ns:
+            self._finish(request, TIMED_OUT)
+            return True
+        return False
+
+    def ran(self, n_requests: int, rows: int, start_ns: int, end_ns: int) -> None:
+        status = self._status
+        status[2] += n_requests
+        status[3] += 1
+        status[4] += (end_ns - start_ns) * n_requests
+
+    def answer(
+        self,
+        request: HeldRequest,
+        outputs: dict[str, Array],
+        start_ns: int,
+        end_ns: int,
+        rows: int,
+        now_ns: int,
+    ) -> None:
+        h = header(request.slot)
+        h["compute_start_ns"], h["compute_end_ns"], h["batch_rows"] = start_ns, end_ns, rows
+        try:
+            write_outputs(request.slot, outputs)
+        except ValueError as e:  # outputs larger than the slot
+            write_error(request.slot, str(e))
+            self._finish(request, FAILED)
+            return
+        self._finish(request, OK)
+
+    def fail(self, request: HeldRequest, message: str, cause: BaseException) -> None:
+        write_error(request.slot, message)
+        self._finish(request, FAILED)
+
+    def answered(self, request: HeldRequest) -> bool:
+        return bool(self._hold_ids[request.hold_pos % len(self._hold_ids)] == HOLD_DONE)
+
+    def _finish(self, request: HeldRequest, code: int) -> None:
+        item = request.item
+        if request_kind(item) == SYNC:
+            header(request.slot)["status"] = code
+            self._latches.set(item.request_id)
+        else:
+            push_completion(
+                self._completions, item.request_id, item.slot, code, request_generation(item), FROM_WORKER
+            )
+        self._hold_ids[request.hold_pos % len(self._hold_ids)] = (
+            HOLD_DONE  # after: a death between = a duplicate notice
+        )

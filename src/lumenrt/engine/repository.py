@@ -16,9 +16,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lumenrt.backends.base import Backend, get_backend
-from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec, load_model_config
+from lumenrt.engine.config import (
+    ConfigError,
+    ModelConfig,
+    TensorSpec,
+    model_config_from_dict,
+    read_config_file,
+)
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.json")
+
+
+def load_model_config(path: Path, *, default_name: str) -> ModelConfig:
+    """Read and check a model config file (.yaml, .yml or .json), its backend included (one that
+    is registered). ``default_name`` is the model folder's name: the model's name, which a
+    ``name`` key may repeat but not change."""
+    config = model_config_from_dict(read_config_file(path), str(path), default_name)
+    get_backend(config.backend, config.source)  # ConfigError naming the backends there are
+    return config
 
 
 class ModelNotFound(LookupError):

@@ -82,6 +82,8 @@ class InferRequest:
     times: StageTimes = field(default_factory=StageTimes)
     on_done: Any = None  # callable(request) run at completion (async callers); None: the latch
     future: Any = None  # asyncio.Future of an infer_async caller
+    on_answer: Any = None  # callable(request), event loop thread: a submit_callback caller
+    context: Any = None  # what the on_answer caller needs back (its own record; not read here)
     model_id: int = 0  # which runtime's table this record belongs to (for async completions)
     generation: int = 0  # process mode: bumped at each use, so a late notice cannot hit a new request
     finished: bool = False  # process mode: completed once (notices after that are ignored)
@@ -97,6 +99,8 @@ class InferRequest:
         self.times = StageTimes()
         self.on_done = None
         self.future = None
+        self.on_answer = None
+        self.context = None
         self.finished = False
         self.slot = -1
 

@@ -1,25 +1,43 @@
-"""One loaded model version: its request ring, request table, input arena and workers.
+"""One loaded model version: admission, its request table, arena and request ring, its inline lane,
+and one of two worker pools. Everything here is the same in both worker modes; the pools differ
+only in how their workers start, die and report (thread_pool.py, process_pool.py).
 
-Ingress path of a request (``submit``), all in the caller's thread:
+Memory: one region per model version holds the request ring, the request records' latches, the
+arena (one slot per request in flight) and whatever the pool adds (process pool: its completion
+ring, holds, cancel flags and status table). The region is anonymous private memory for the
+thread pool and an unnamed memfd for the process pool (handed to workers at spawn; nothing in
+/dev/shm, so nothing to unlink after any exit).
+
+Ingress path of a request (``submit`` / ``run``), all in the caller's thread:
   validate -> check the queue bound (max_queue_size) -> take a request record -> copy the inputs
-  once (into an arena slot with allocator_type "lumen_arena", into fresh numpy arrays with
-  "standard") -> push the record's index to the request ring -> a worker completes it.
+  once, into an arena slot in the slot layout of slot_layout.py (thread pool with allocator_type
+  "standard", or a request larger than a slot: into fresh numpy arrays) -> push the request
+  descriptor (descriptors.py) -> a worker answers it (execute.py).
 
-Invariants (both worker modes; process_runtime.py adds its own)
+Invariants (both pools; each pool adds its own)
   1. Every request admission accepts gets exactly one answer: its outputs, or an EngineError saying
      why (the model failed, its worker died, it expired or was cancelled before running, or the
-     model was unloaded first). Nothing that takes a request may end without answering it: a
-     worker that cannot run a batch fails that batch's requests and keeps serving.
+     model was unloaded first). Nothing that takes a request may end without answering it.
   2. Admission never waits: a request over a limit is refused at once with QueueFull naming the
-     limit (max_queue_size; request records; arena slots in process mode), and a push the ring
-     refuses (full, closed, or a producer the ring cannot take) is answered at once, its record and
-     slot returned, never treated as in flight.
+     limit (max_queue_size; request records; arena slots where the pool needs one), and a push the
+     ring refuses (full, closed, or a producer the ring cannot take) is answered at once, its
+     record and slot returned, never treated as in flight.
   3. At most max_queue_size requests wait in the ring (exact with one producer thread, as behind
      the server's event loop; concurrent producer threads may overshoot by one each, bounded by
      the ring's capacity).
+  4. A request's arena slot is freed once, when its record is released (after its caller has read
+     the answer), or at once when admission refuses it.
+
+Shutdown order
+  1. closed = True (admission refuses), the pool's ``stop``: no worker is replaced any more;
+  2. the request ring closes; the pool drains and ends its workers (``close``), failing what they
+     cannot answer;
+  3. the lane waits for the request it is running and closes its session;
+  4. the pool's ``release_memory``: the process pool unmaps the region (the arena with it: a
+     release after that frees nothing); the thread pool's private region goes with its last
+     reference.
 """
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,140 +47,71 @@ from typing import Any
 import numpy as np
 
 from lumenrt.backends.base import Backend, Placement
-from lumenrt.engine.batcher import IdleBoard
 from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.descriptors import push_request_wait, ring_capacity, try_push_request
 from lumenrt.engine.lane import InlineLane
+from lumenrt.engine.process_pool import ProcessPool
 from lumenrt.engine.request import (
     Array,
     EngineError,
     InferRequest,
+    InvalidInput,
     ModelNotReady,
     QueueFull,
     RequestTable,
     StageTimes,
 )
+from lumenrt.engine.slot_layout import SlotTooSmall, slot_bytes_needed, write_inputs
+from lumenrt.engine.thread_pool import ThreadPool
 from lumenrt.engine.validate import validate_inputs
-from lumenrt.engine.worker import ThreadWorker, WorkerStats
+from lumenrt.engine.worker import WorkerStats
 from lumenrt.native import (
+    Latches,
+    Layout,
     LrtError,
-    Region,
     Ring,
     RingClosed,
     SlabPool,
+    latches_required_bytes,
     ring_required_bytes,
     slab_required_bytes,
 )
+
+ARENA_BUDGET_BYTES = 256 << 20  # per model, process pool; guessed: bounds shared memory for big-input models
+ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
 
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
     queue_type: str = "mpmc"
-    allocator_type: str = "lumen_arena"  # or "standard"
+    allocator_type: str = "lumen_arena"  # or "standard" (thread pool only)
     pin: bool = True
     arena_slot_bytes: int = 1 << 20
     arena_slots: int = 256
     spin_us: int = 0  # poll before sleeping: idle workers on the ring, synchronous callers on their latch
     lane: str = "queue"  # the inline lane (engine/lane.py): queue, inline or auto
     lane_max_us: int = 30  # auto: the largest batch-1 compute that runs inline
+    worker_mode: str = "thread"  # or "process": which pool runs the workers
 
 
-def admit(
-    config: ModelConfig,
-    table: RequestTable,
-    inputs: Mapping[str, Any],
-    closed: bool,
-    max_queue: int,
-    timeout_s: float | None,
-    queued: int,
-) -> tuple[InferRequest, dict[str, Array]]:
-    """The admission steps both worker modes share: refuse when unloading, validate, check the
-    queue bound (``queued``: requests now in the ring), take a request record (QueueFull at once
-    when none is free), stamp arrival and set the deadline."""
-    received_ns = time.monotonic_ns()
-    if closed:
-        raise ModelNotReady(f"model {config.name!r} is unloading")
-    arrays, rows = validate_inputs(config, inputs)
-    if queued >= max_queue:
-        raise QueueFull(f"model {config.name!r}: queue full (max_queue_size: {max_queue} requests waiting)")
-    req = table.acquire()
-    if req is None:
-        raise QueueFull(
-            f"model {config.name!r}: all {len(table.records)} request records in use "
-            "(requests queued, running, or answered but not yet collected)"
-        )
-    req.times.received_ns = received_ns
-    req.rows = rows
-    db = config.dynamic_batching
-    if timeout_s is None and db is not None and db.default_timeout_us:
-        timeout_s = db.default_timeout_us / 1e6
-    if timeout_s is not None:
-        req.deadline_ns = received_ns + int(timeout_s * 1e9)
-    return req, arrays
+@dataclass(frozen=True, slots=True)
+class ArenaPlan:
+    """How a model's arena is sized, and what happens to a request it cannot hold."""
+
+    slot_bytes: int
+    n_slots: int
+    required: bool  # True: no slot, no admission (process pool); False: fresh arrays instead
 
 
-ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
-
-
-def abandon(runtime: "ModelRuntime | Any", req: InferRequest) -> None:
-    """A synchronous caller stopped waiting (a signal handler raised): cancel the request and wait,
-    uninterruptibly and bounded, for its completion so that its record can be released."""
-    runtime.cancel(req)
-    try:
-        done = runtime.table.latches.wait(req.index, timeout_s=ABANDON_WAIT_S)
-    except BaseException:
-        done = False
-    if done:
-        runtime.release(req)
-
-
-def push_and_wait(runtime: Any, req: InferRequest, **desc: int) -> None:
-    """The synchronous hand-off both worker modes share: push ``req`` (descriptor fields ``desc``)
-    and wait for its latch in this thread; a push the ring refuses is answered at once
-    (``_refuse``), only an interruption after the push leaves the request in flight."""
-    refused: str | None = None
-    try:
-        pushed = runtime.ring.push_wait(
-            req.index, latches=runtime.table.latches, latch=req.index, spin_ns=runtime._spin_ns, **desc
-        )
-    except RingClosed:
-        pushed = False
-    except LrtError as e:  # raised before the push took effect (e.g. too many producer threads)
-        pushed, refused = False, str(e)
-    except BaseException:  # e.g. KeyboardInterrupt while waiting: the request is in flight
-        abandon(runtime, req)
-        raise
-    if not pushed:
-        runtime._refuse(req, refused)
-
-
-def try_push(runtime: Any, req: InferRequest, **desc: int) -> None:
-    """The asynchronous hand-off both worker modes share: push without waiting; a refused push is
-    answered at once (``_refuse``)."""
-    refused: str | None = None
-    try:
-        pushed = runtime.ring.try_push(req.index, **desc)
-    except RingClosed:
-        pushed = False
-    except LrtError as e:
-        pushed, refused = False, str(e)
-    if not pushed:
-        runtime._refuse(req, refused)
-
-
-def refusal(config: ModelConfig, closed: bool, max_queue: int, refused: str | None) -> EngineError:
-    """The error for a push the ring refused: unloading, the ring's own refusal, or full."""
-    if closed:
-        return ModelNotReady(f"model {config.name!r} is unloading")
-    if refused is not None:
-        return EngineError(f"model {config.name!r}: the request ring refused the request: {refused}")
-    return QueueFull(f"model {config.name!r}: queue full (max_queue_size: {max_queue} requests waiting)")
-
-
-def _ring_capacity(n: int) -> int:
-    cap = 2
-    while cap < n:
-        cap *= 2
-    return cap
+def arena_plan(config: ModelConfig, options: RuntimeOptions, table_size: int) -> ArenaPlan | None:
+    if options.worker_mode == "process":  # the workers read requests from shared memory only
+        max_rows = max(config.max_batch_size, 1)
+        slot_bytes = max(slot_bytes_needed(config, max_rows) or options.arena_slot_bytes, 4096)
+        n = max(1, min(table_size, options.arena_slots, ARENA_BUDGET_BYTES // slot_bytes))
+        return ArenaPlan(slot_bytes, n, required=True)
+    if options.allocator_type == "lumen_arena":
+        return ArenaPlan(options.arena_slot_bytes, min(options.arena_slots, table_size), required=False)
+    return None
 
 
 class ModelRuntime:
@@ -176,86 +125,86 @@ class ModelRuntime:
         placements: list[Placement],
         options: RuntimeOptions,
     ) -> None:
-        self.config = config
-        self.version = version
+        self.config, self.version, self.options = config, version, options
         self.model_id = 0  # set by the engine: index used by async completions
-        self.options = options
         db = config.dynamic_batching
-        max_queue = db.max_queue_size if db is not None else 1024
+        self._max_queue = db.max_queue_size if db is not None else 1024
         per_batch = max(config.max_batch_size, 1)
         # records: every queued request plus what the workers may hold (a batch each, and a carry)
-        self.table = RequestTable(max_queue + 2 * per_batch * len(placements))
-        self.ring = Ring.create(
-            Region.anonymous(ring_required_bytes(_ring_capacity(max_queue))),
-            options.queue_type,
-            _ring_capacity(max_queue),
-        )
-        self._max_queue = max_queue
+        table_size = self._max_queue + 2 * per_batch * len(placements)
+        self._arena_plan = arena_plan(config, options, table_size)
+        pool_class = ProcessPool if options.worker_mode == "process" else ThreadPool
+        lay = Layout()
+        ring_cap = ring_capacity(self._max_queue)
+        lay.add(ring_required_bytes(ring_cap), name="requests")
+        lay.add(latches_required_bytes(table_size), name="latches")
+        if self._arena_plan is not None:
+            plan = self._arena_plan
+            lay.add(slab_required_bytes(plan.slot_bytes, plan.n_slots), align=4096, name="arena")
+        pool_class.add_sections(lay, config, table_size, len(placements))
+        self.region, self._fd = pool_class.create_region(lay.size_bytes, config.name)
+        self._offsets = dict(lay.offsets)
+        self.ring = Ring.create(self.region, options.queue_type, ring_cap, offset=lay.offsets["requests"])
         self._spin_ns = options.spin_us * 1000
-        self.ring.spin_ns = self._spin_ns  # the workers' handle: idle workers poll before sleeping
-        self.pool: SlabPool | None = None
-        if options.allocator_type == "lumen_arena":
-            n = min(options.arena_slots, len(self.table.records))
-            self.pool = SlabPool.create(
-                Region.anonymous(slab_required_bytes(options.arena_slot_bytes, n)),
-                options.arena_slot_bytes,
-                n,
+        self.ring.spin_ns = self._spin_ns  # the thread pool's handle: idle workers poll before sleeping
+        self.table = RequestTable(
+            table_size,
+            Latches.create(
+                self.region,
+                table_size,
+                offset=lay.offsets["latches"],
+                shared=options.worker_mode == "process",
+            ),
+        )
+        self.arena: SlabPool | None = None
+        if self._arena_plan is not None:
+            plan = self._arena_plan
+            self.arena = SlabPool.create(
+                self.region, plan.slot_bytes, plan.n_slots, offset=lay.offsets["arena"]
             )
-        self._slots: dict[int, int] = {}  # request index -> arena slot
         self.arena_fallbacks = 0  # requests too big for a slot (or arena full): copied to fresh arrays
         self.rejected = 0
-        board = IdleBoard(len(placements))
-        self.workers = [
-            ThreadWorker(
-                index=i,
-                config=config,
-                backend=backend,
-                model_path=model_path,
-                placement=p,
-                ring=self.ring,
-                table=self.table,
-                pin=options.pin,
-                board=board,
-            )
-            for i, p in enumerate(placements)
-        ]
-        self.lane = InlineLane(config, backend, model_path, options, placements, process_mode=False)
         self.closed = False
+        self.lane = InlineLane(
+            config, backend, model_path, options, placements, process_mode=options.worker_mode == "process"
+        )
+        self.workers = pool_class(self, backend=backend, model_path=model_path, placements=placements)
+
+    @property
+    def pool(self) -> SlabPool | None:
+        """The arena (the name statistics and tests know it by)."""
+        return self.arena
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 120) -> None:
-        for w in self.workers:
-            w.start()
-        for w in self.workers:
-            if not w.ready.wait(timeout_s):
-                raise TimeoutError(
-                    f"model {self.config.name!r}: worker {w.index} did not load within {timeout_s} s"
-                )
-        errors = [w.load_error for w in self.workers if w.load_error is not None]
-        if errors:
-            self.close()
-            raise errors[0]
+        """Start the workers, wait until every one has loaded, open the lane."""
         try:
-            self.lane.open()
+            self.workers.start(timeout_s)
+            self.lane.open()  # in this process: small models answer without a worker (lane.py)
         except BaseException:
             self.close()
             raise
 
     @property
     def ready(self) -> bool:
-        return not self.closed and all(w.alive and w.ready.is_set() for w in self.workers)
+        return not self.closed and self.workers.ready
 
     def begin_shutdown(self) -> None:
-        """Shutdown began: nothing to stop here (thread workers are never replaced)."""
+        """Shutdown began: workers that die from now on are not replaced (what they held still
+        fails at once)."""
+        self.workers.stop()
 
     def close(self, timeout_s: float = 30) -> None:
-        """Stop taking requests, let the workers finish what is queued, join them."""
+        """Stop taking requests, let the workers finish what is queued, end them (see the top)."""
+        if self.closed:
+            return
         self.closed = True
+        self.workers.stop()
         self.ring.close()
-        for w in self.workers:
-            w.join(timeout_s)
+        self.workers.close(timeout_s)
         self.lane.close()
+        self.workers.release_memory()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -266,18 +215,38 @@ class ModelRuntime:
         timeout_s: float | None = None,
         on_done: Callable[[InferRequest], None] | None = None,
     ) -> InferRequest:
-        """Queue the request without waiting: ``on_done`` runs in the worker when it completes
+        """Queue the request without waiting: ``on_done`` runs in whichever thread completes it
         (None: its latch is set, see ``table.latches.wait``)."""
         req = self._prepare(inputs, timeout_s, on_done)
-        try_push(self, req, aux0=req.rows)
+        refused: str | None = None
+        try:
+            pushed = try_push_request(self.ring, req)
+        except RingClosed:
+            pushed = False
+        except LrtError as e:
+            pushed, refused = False, str(e)
+        if not pushed:
+            self._refuse(req, refused)
         return req
 
     def run(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferRequest:
         """Synchronous: queue the request and wait for it in this thread (polling ``spin_us``,
-        then sleeping, with the GIL released from the push on). Returns it completed; the caller
+        then sleeping, with the GIL released from the push on). Returns it answered; the caller
         reads it, then releases it."""
         req = self._prepare(inputs, timeout_s, None)
-        push_and_wait(self, req, aux0=req.rows)
+        refused: str | None = None
+        try:
+            pushed = push_request_wait(self.ring, req, self.table.latches, self._spin_ns)
+        except RingClosed:
+            pushed = False
+        except LrtError as e:  # raised before the push took effect (e.g. too many producer threads)
+            pushed, refused = False, str(e)
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: the request is in flight
+            self._abandon(req)
+            raise
+        if not pushed:
+            self._refuse(req, refused)
+        self.workers.collect(req)
         return req
 
     def run_inline(
@@ -294,68 +263,127 @@ class ModelRuntime:
         timeout_s: float | None,
         on_done: Callable[[InferRequest], None] | None,
     ) -> InferRequest:
-        try:
-            req, arrays = admit(
-                self.config, self.table, inputs, self.closed, self._max_queue, timeout_s, len(self.ring)
-            )
-        except QueueFull:
+        """Admission: refuse when unloading, validate, check the queue bound, take a record (and
+        a slot), stamp arrival, set the deadline, copy the inputs in."""
+        received_ns = time.monotonic_ns()
+        config = self.config
+        if self.closed:
+            raise ModelNotReady(f"model {config.name!r} is unloading")
+        arrays, rows = validate_inputs(config, inputs)
+        if len(self.ring) >= self._max_queue:
             self.rejected += 1
+            raise QueueFull(
+                f"model {config.name!r}: queue full (max_queue_size: {self._max_queue} requests waiting)"
+            )
+        req = self.table.acquire()
+        if req is None:
+            self.rejected += 1
+            raise QueueFull(
+                f"model {config.name!r}: all {len(self.table.records)} request records in use "
+                "(requests queued, running, or answered but not yet collected)"
+            )
+        req.times.received_ns = received_ns
+        req.rows = rows
+        db = config.dynamic_batching
+        if timeout_s is None and db is not None and db.default_timeout_us:
+            timeout_s = db.default_timeout_us / 1e6
+        if timeout_s is not None:
+            req.deadline_ns = received_ns + int(timeout_s * 1e9)
+        try:
+            req.inputs = self._copy_in(req, arrays)
+        except BaseException:
+            self.table.release(req)
             raise
+        req.generation += 1
         req.on_done = on_done
-        req.inputs = self._copy_in(req, arrays)
+        self.workers.admitted(req)
         req.times.enqueued_ns = time.monotonic_ns()
         return req
+
+    def _copy_in(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array]:
+        """The one copy of the request's tensors: into an arena slot (slot_layout.py; the header
+        too when the pool's workers read it from another process), or into fresh arrays."""
+        arena, plan = self.arena, self._arena_plan
+        if arena is not None and plan is not None:
+            describe = plan.required
+            if describe or all(a.dtype != np.object_ for a in arrays.values()):
+                slot = arena.try_alloc()
+                if slot is None and plan.required:
+                    self.rejected += 1
+                    raise QueueFull(
+                        f"model {self.config.name!r}: arena full: all {arena.n_slots} slots in use (one "
+                        f"per request in flight, {arena.slot_bytes} bytes each: max_batch_size rows of "
+                        f"every tensor; the arena is capped at {ARENA_BUDGET_BYTES >> 20} MiB per model)"
+                    )
+                if slot is not None:
+                    try:
+                        placed = write_inputs(arena.view(slot), arrays, describe=describe)
+                    except SlotTooSmall as e:
+                        arena.free(slot)
+                        if plan.required:
+                            raise InvalidInput(f"model {self.config.name!r}: {e}") from None
+                    except BaseException:
+                        arena.free(slot)
+                        raise
+                    else:
+                        req.slot = slot
+                        return placed
+            self.arena_fallbacks += 1
+        return {name: np.array(a, copy=True) for name, a in arrays.items()}
 
     def _refuse(self, req: InferRequest, refused: str | None = None) -> None:
         """The ring refused the request (full, closed by an unload, or refused by the ring):
         return its record and arena slot, answer at once."""
         self.release(req)
         self.rejected += 1
-        raise refusal(self.config, self.closed, self._max_queue, refused)
+        config = self.config
+        if self.closed:
+            raise ModelNotReady(f"model {config.name!r} is unloading")
+        if refused is not None:
+            raise EngineError(f"model {config.name!r}: the request ring refused the request: {refused}")
+        raise QueueFull(
+            f"model {config.name!r}: queue full (max_queue_size: {self._max_queue} requests waiting)"
+        )
 
-    def _copy_in(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array]:
-        """The one copy of the request's tensors."""
-        pool = self.pool
-        if pool is not None:
-            total = sum(a.nbytes for a in arrays.values() if a.dtype != np.object_)
-            if total <= pool.slot_bytes and all(a.dtype != np.object_ for a in arrays.values()):
-                slot = pool.try_alloc()
-                if slot is not None:
-                    self._slots[req.index] = slot
-                    view = pool.view(slot)
-                    copied: dict[str, Array] = {}
-                    offset = 0
-                    for name, a in arrays.items():
-                        dst = np.frombuffer(view, dtype=a.dtype, count=a.size, offset=offset).reshape(a.shape)
-                        np.copyto(dst, a)
-                        copied[name] = dst
-                        offset += (a.nbytes + 63) & ~63
-                    return copied
-            self.arena_fallbacks += 1
-        return {name: np.array(a, copy=True) for name, a in arrays.items()}
+    def _abandon(self, req: InferRequest) -> None:
+        """A synchronous caller stopped waiting (a signal handler raised): cancel the request and
+        wait, uninterruptibly and bounded, for its answer so that its record can be released."""
+        self.cancel(req)
+        try:
+            done = self.table.latches.wait(req.index, timeout_s=ABANDON_WAIT_S)
+        except BaseException:
+            done = False
+        if done:
+            self.release(req)
 
     def cancel(self, req: InferRequest) -> None:
         req.cancelled = True
+        self.workers.cancel(req)
 
     def release(self, req: InferRequest) -> None:
-        slot = self._slots.pop(req.index, None)
-        if slot is not None and self.pool is not None:
-            self.pool.free(slot)
+        """The caller has read the answer: free the request's slot and record (invariant 4)."""
+        slot = req.slot
+        if slot >= 0:
+            req.slot = -1
+            arena = self.arena
+            if arena is not None:
+                arena.free(slot)
         self.table.release(req)
 
     # ---- statistics -----------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
+        """Per model version; the same keys and meanings in both pools."""
         total = WorkerStats()
-        for w in self.workers:
-            total.add(w.stats)
+        extra = self.workers.statistics(total)
         total.add(self.lane.stats)  # requests answered inline count like any other (lane.py)
+        arena = self.arena
         return {
             "name": self.config.name,
             "version": self.version,
             "ready": self.ready,
-            "workers": len(self.workers),
-            "worker_mode": "thread",
+            "workers": self.workers.size,
+            "worker_mode": self.options.worker_mode,
             "queue_type": self.options.queue_type,
             "allocator_type": self.options.allocator_type,
             "requests": total.requests,
@@ -370,10 +398,8 @@ class ModelRuntime:
             "infer_ns": total.infer_ns,
             "output_ns": total.output_ns,
             "batch_rows": dict(sorted(total.batch_rows.items())),
-            "arena": self.pool.stats() if self.pool is not None else None,
-            "ring": self.ring.stats(),
+            "arena": arena.stats() if arena is not None else None,
+            "ring": self.ring.stats() if not self.closed else None,
             "lane": self.lane.describe(),
-            "worker_deaths": 0,  # thread workers never die (worker.py) and are never replaced
-            "replacement_failures": 0,
-            "pids": [os.getpid()] * len(self.workers),
+            **extra,
         }

@@ -1,10 +1,13 @@
-"""How one request's tensors sit in an arena slot shared by ingress and a worker process.
+"""How one request's tensors sit in an arena slot, in both worker pools.
 
     [header: counts, status, stage times, per tensor offset/nbytes/shape][error text][tensors...]
 
-Ingress writes the inputs (its one copy) and their entries; the worker reads them in place (numpy
-views, no copy), writes the outputs after them and records their shapes, stage times and status;
-the engine copies the outputs out and frees the slot. Offsets are 64-byte aligned.
+Ingress writes the inputs (its one copy); a worker reads them in place (numpy views, no copy). For
+a worker process, ingress also writes the header entries; the worker writes the outputs after the
+inputs and records their shapes, stage times and status; the engine copies the outputs out. A
+worker thread is handed the views instead and answers with the model's own arrays, so the thread
+pool writes no header. The slot is freed when the request's record is released (runtime.py).
+Offsets are 64-byte aligned.
 """
 
 from typing import Any
@@ -62,20 +65,29 @@ def slot_bytes_needed(config: ModelConfig, rows: int) -> int | None:
     return total
 
 
-def write_inputs(slot: memoryview, arrays: dict[str, Array]) -> None:
-    h = header(slot)
-    offset = DATA_AT
+def write_inputs(slot: memoryview, arrays: dict[str, Array], *, describe: bool = True) -> dict[str, Array]:
+    """Copy the inputs into the slot (the request's one copy) and return views of them there.
+    ``describe``: also write the header entries a reader in another process needs (a worker
+    thread gets the views instead, so the thread pool skips them)."""
     if len(arrays) > MAX_TENSORS:
         raise SlotTooSmall(f"more than {MAX_TENSORS} tensors")
-    for i, a in enumerate(arrays.values()):
+    h = header(slot) if describe else None
+    placed: dict[str, Array] = {}
+    offset = DATA_AT
+    for i, (name, a) in enumerate(arrays.items()):
         end = offset + a.nbytes
         if end > len(slot) or a.ndim > MAX_DIMS:
             raise SlotTooSmall(f"request of {end} bytes does not fit an arena slot of {len(slot)} bytes")
-        np.copyto(np.ndarray(a.shape, a.dtype, buffer=slot, offset=offset), a)  # the one copy
-        h["offset"][i], h["nbytes"][i], h["ndim"][i] = offset, a.nbytes, a.ndim
-        h["shape"][i, : a.ndim] = a.shape
+        dst: Array = np.ndarray(a.shape, a.dtype, buffer=slot, offset=offset)
+        np.copyto(dst, a)  # the one copy
+        placed[name] = dst
+        if h is not None:
+            h["offset"][i], h["nbytes"][i], h["ndim"][i] = offset, a.nbytes, a.ndim
+            h["shape"][i, : a.ndim] = a.shape
         offset = _align(end)
-    h["n_inputs"], h["n_outputs"], h["status"], h["error_bytes"] = len(arrays), 0, 0, 0
+    if h is not None:
+        h["n_inputs"], h["n_outputs"], h["status"], h["error_bytes"] = len(arrays), 0, 0, 0
+    return placed
 
 
 def read_tensors(slot: memoryview, config: ModelConfig, outputs: bool) -> dict[str, Array]:

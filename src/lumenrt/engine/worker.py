@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from lumenrt.backends.base import Backend, BackendSession, Placement
+from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.batcher import Batcher, BatchPolicy, IdleBoard, RingSource
 from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.execute import CANCELLED_MESSAGE, BatchPlan, execute_batch, timed_out_message
 from lumenrt.engine.request import (
     Array,
     EngineError,
@@ -110,26 +111,9 @@ def has_variable_dims(config: ModelConfig) -> bool:
     return any(any(d < 0 for d in spec.dims) for spec in config.inputs)
 
 
-def shape_groups(parts: list[dict[str, Array]]) -> list[list[int]]:
-    """Indices of ``parts`` grouped by the non-batch shape of every input, first-come order kept:
-    each group's inputs concatenate row-wise."""
-    groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
-    for i, p in enumerate(parts):
-        groups.setdefault(tuple(a.shape[1:] for a in p.values()), []).append(i)
-    return list(groups.values())
-
-
-def gather(config: ModelConfig, buffers: dict[str, Array], parts: list[dict[str, Array]]) -> dict[str, Array]:
-    """Concatenate several requests' inputs row-wise, into the batch buffers where possible."""
-    rows = sum(int(next(iter(p.values())).shape[0]) for p in parts)
-    gathered: dict[str, Array] = {}
-    for spec in config.inputs:
-        arrays = [p[spec.name] for p in parts]
-        buffer = buffers.get(spec.name)
-        gathered[spec.name] = (
-            np.concatenate(arrays, out=buffer[:rows]) if buffer is not None else np.concatenate(arrays)
-        )
-    return gathered
+def batch_plan(config: ModelConfig) -> BatchPlan:
+    """A worker's batch buffers and shape rule for ``config`` (execute.py)."""
+    return BatchPlan(config, batch_buffers(config), has_variable_dims(config) and config.max_batch_size > 0)
 
 
 class ThreadWorker:
@@ -159,8 +143,6 @@ class ThreadWorker:
         self._table = table
         self._pin = pin
         self._policy = batch_policy(config)
-        self._buffers = batch_buffers(config)
-        self._variable = has_variable_dims(config) and config.max_batch_size > 0
         self._signal: list[int] = []  # requests completed, latches set at the next take
         self._thread = threading.Thread(target=self._run, name=f"lumenrt-{config.name}-w{index}", daemon=True)
 
@@ -190,101 +172,87 @@ class ThreadWorker:
         self._signal = source.signal
         batcher = Batcher(source, self._policy, self._board, self.index)
         records = self._table.records
+        plan = batch_plan(self.config)
+        sink = ThreadSink(self.stats, self._table, self._signal, self.config.name)
         try:
             while True:
                 try:
                     items = batcher.next_batch()  # sets the latches of the last batch first
                 except RingClosed:
                     break
-                batch = [records[item.request_id] for item in items]
-                try:
-                    self._execute(session, batch)
-                except Exception as e:  # never die with requests unanswered (see the top)
-                    self._fail_unanswered(batch, e)
+                execute_batch(plan, session, [records[item.request_id] for item in items], sink)
         finally:
             for index in self._signal:  # completed, but the loop ended before the next take
                 self._table.latches.set(index)
             self._signal.clear()
             session.close()
 
-    def _execute(self, session: BackendSession, batch: list[InferRequest]) -> None:
-        now_ns = time.monotonic_ns()
-        stats = self.stats
-        live: list[InferRequest] = []
-        for req in batch:
-            req.times.dequeued_ns = now_ns
-            if req.cancelled:
-                stats.cancelled += 1
-                self._fail(req, RequestCancelled("request cancelled before it ran"))
-            elif req.deadline_ns and now_ns > req.deadline_ns:
-                stats.expired += 1
-                waited_us = (now_ns - req.times.enqueued_ns) // 1000
-                self._fail(
-                    req, RequestTimeout(f"request timed out after {waited_us} us in the queue; not run")
-                )
-            else:
-                live.append(req)
-        if not live:
-            return
-        if self._variable and len(live) > 1:
-            groups = shape_groups([r.inputs for r in live])
-            if len(groups) > 1:
-                for group in groups:
-                    self._run_batch(session, [live[i] for i in group], now_ns)
-                return
-        self._run_batch(session, live, now_ns)
 
-    def _run_batch(self, session: BackendSession, live: list[InferRequest], now_ns: int) -> None:
-        """Run requests whose inputs concatenate as one batch; complete each."""
+class ThreadSink:
+    """execute.py's sink for a worker thread: a request is its record; the model's output arrays
+    are its answer (views of one batch's outputs), completed through the request table."""
+
+    __slots__ = ("_name", "_signal", "_table", "stats")
+
+    def __init__(self, stats: WorkerStats, table: RequestTable, signal: list[int], model_name: str) -> None:
+        self.stats, self._table, self._signal, self._name = stats, table, signal, model_name
+
+    def inputs(self, request: InferRequest) -> dict[str, Array]:
+        return request.inputs
+
+    def rows(self, request: InferRequest) -> int:
+        return request.rows
+
+    def dequeue(self, request: InferRequest, now_ns: int) -> bool:
+        times = request.times
+        times.dequeued_ns = now_ns
+        if request.cancelled:
+            self.stats.cancelled += 1
+            self._complete(request, RequestCancelled(CANCELLED_MESSAGE))
+            return True
+        if request.deadline_ns and now_ns > request.deadline_ns:
+            self.stats.expired += 1
+            self._complete(request, RequestTimeout(timed_out_message(now_ns - times.enqueued_ns)))
+            return True
+        return False
+
+    def ran(self, n_requests: int, rows: int, start_ns: int, end_ns: int) -> None:
         stats = self.stats
-        inputs = live[0].inputs if len(live) == 1 else self._gather(live)
-        rows = sum(r.rows for r in live)
-        t_start = time.monotonic_ns()
-        try:
-            outputs = session.run(inputs)
-        except Exception as e:
-            stats.failures += len(live)
-            error = EngineError(f"model {self.config.name!r} failed: {type(e).__name__}: {e}")
-            error.__cause__ = e
-            for req in live:
-                self._fail(req, error)
-            return
-        t_end = time.monotonic_ns()
-        batched = self.config.max_batch_size > 0
-        offset = 0
-        for req in live:
-            times = req.times
-            times.batch_formed_ns = times.compute_start_ns = t_start
-            times.compute_end_ns = t_end
-            times.batch_size = rows
-            if batched and len(live) > 1:
-                req.outputs = {name: out[offset : offset + req.rows] for name, out in outputs.items()}
-            else:
-                req.outputs = outputs
-            offset += req.rows
-            stats.queue_ns += now_ns - times.enqueued_ns
-            stats.input_ns += t_start - now_ns
-            stats.infer_ns += t_end - t_start
-            times.completed_ns = time.monotonic_ns()
-            stats.output_ns += times.completed_ns - t_end
-            self._table.complete(req, self._signal)
-        stats.requests += len(live)
+        stats.requests += n_requests
         stats.batches += 1
         stats.batch_rows[rows] = stats.batch_rows.get(rows, 0) + 1
 
-    def _gather(self, live: list[InferRequest]) -> dict[str, Array]:
-        return gather(self.config, self._buffers, [r.inputs for r in live])
+    def answer(
+        self,
+        request: InferRequest,
+        outputs: dict[str, Array],
+        start_ns: int,
+        end_ns: int,
+        rows: int,
+        now_ns: int,
+    ) -> None:
+        stats, times = self.stats, request.times
+        times.batch_formed_ns = times.compute_start_ns = start_ns
+        times.compute_end_ns = end_ns
+        times.batch_size = rows
+        request.outputs = outputs
+        stats.queue_ns += now_ns - times.enqueued_ns
+        stats.input_ns += start_ns - now_ns
+        stats.infer_ns += end_ns - start_ns
+        times.completed_ns = time.monotonic_ns()
+        stats.output_ns += times.completed_ns - end_ns
+        self._table.complete(request, self._signal)
 
-    def _fail_unanswered(self, batch: list[InferRequest], e: Exception) -> None:
-        """An error outside the model's run: fail each request of the batch not yet answered."""
-        error = EngineError(f"model {self.config.name!r}: could not run the batch: {type(e).__name__}: {e}")
-        error.__cause__ = e
-        for req in batch:
-            if req.times.completed_ns == 0:
-                self.stats.failures += 1
-                self._fail(req, error)
+    def fail(self, request: InferRequest, message: str, cause: BaseException) -> None:
+        self.stats.failures += 1
+        error = EngineError(message)
+        error.__cause__ = cause
+        self._complete(request, error)
 
-    def _fail(self, req: InferRequest, error: EngineError) -> None:
-        req.error = error
-        req.times.completed_ns = time.monotonic_ns()
-        self._table.complete(req, self._signal)
+    def answered(self, request: InferRequest) -> bool:
+        return request.times.completed_ns != 0
+
+    def _complete(self, request: InferRequest, error: EngineError) -> None:
+        request.error = error
+        request.times.completed_ns = time.monotonic_ns()
+        self._table.complete(request, self._signal)

@@ -1,6 +1,6 @@
 """The lumenrt binary TCP protocol, version 1: frame and metadata codecs (no sockets).
 
-Shared by the server front end (``lumenrt.server.tcp_server``) and the clients
+Shared by the server front end (``lumenrt.ingress.tcp_server``) and the clients
 (``lumenrt.client.tcp``); the wire format is specified in docs/tcp-protocol.md. In short, every
 frame is::
 
@@ -9,29 +9,25 @@ frame is::
     metadata                           a small struct: model, version, tensor descriptors ...
     payload                            the raw tensor bytes, one tensor after the other
 
-This module imports only numpy and ``lumenrt.protocols.dtypes`` so that a client process does not
-load the engine or the native core. Its raw tensor codec follows ``lumenrt.server.tensors``
-(row-major, little-endian, BOOL one byte 0/1, BYTES as 4-byte length + bytes per element) but
-raises :class:`ProtocolError`, which both sides can handle.
+This module imports only numpy and ``lumenrt.protocols`` so that a client process does not load
+the engine or the native core. Tensor bytes go through the one raw codec, ``lumenrt.protocols.raw``
+(row-major, little-endian, BOOL one byte 0/1, BYTES as 4-byte length + bytes per element), which
+raises :class:`ProtocolError` here, so both sides can handle it.
 
 Bounds: nothing here allocates in proportion to a size the peer claims before that size was
 checked against a limit or against the bytes actually received. ``FrameDecoder`` keeps at most
 one incomplete frame, as the list of chunks received so far (never a buffer of the claimed size).
 """
 
-import math
 import struct
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from lumenrt.protocols import dtypes
-
-Array = npt.NDArray[Any]
+from lumenrt.protocols import raw
+from lumenrt.protocols.raw import Array, TensorSlot
 
 MAGIC = b"LRT"
 VERSION = 1
@@ -77,12 +73,6 @@ DATATYPE_CODES: dict[str, int] = {
     "BYTES": 13,
 }
 _CODE_NAMES = {code: name for name, code in DATATYPE_CODES.items()}
-_ITEM_BYTES = {code: dtypes.element_size_bytes(name) for name, code in DATATYPE_CODES.items()}
-_LE_DTYPES = {
-    code: dtypes.to_numpy(name).newbyteorder("<") for name, code in DATATYPE_CODES.items() if name != "BYTES"
-}
-# numpy dtype -> code, for arrays already in little-endian (or single-byte) form
-_DTYPE_CODES: dict[np.dtype[Any], int] = {dt: code for code, dt in _LE_DTYPES.items()}
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -90,7 +80,6 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _TYPE_RANK = struct.Struct("<BB")
 _DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_RANK + 1)]
-_LITTLE = sys.byteorder == "little"
 
 
 class ProtocolError(Exception):
@@ -139,19 +128,6 @@ class TensorDesc:
     datatype: str
     shape: tuple[int, ...]
     byte_size: int
-
-
-class TensorSlot(NamedTuple):
-    """Where one tensor lies in a payload and how to view it (made once per metadata block)."""
-
-    name: str
-    dtype: np.dtype[Any] | None  # None: BYTES
-    shape: tuple[int, ...]
-    offset: int  # from the payload's start
-    elements: int
-    byte_size: int
-    is_bool: bool
-    reshape: bool  # the shape is not simply (elements,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,19 +384,7 @@ class _Reader:
             if d > MAX_DIM:
                 raise ProtocolError(f"{self.what} metadata: {where}: dimension {d} is over the int64 range")
         byte_size = self.u32(f"{where} byte size")
-        item = _ITEM_BYTES[code]
-        count = math.prod(shape)
-        if item is None:
-            if count * 4 > byte_size:
-                raise ProtocolError(
-                    f"{where}: {byte_size} bytes of data cannot hold {count} BYTES elements "
-                    "(4-byte length each)"
-                )
-        elif byte_size != item * count:
-            raise ProtocolError(
-                f"{where}: {byte_size} bytes of data but shape {list(shape)} of {datatype} needs "
-                f"{item * count} bytes"
-            )
+        raw.check_size(datatype, shape, byte_size, where, ProtocolError)
         return TensorDesc(name, datatype, shape, byte_size)
 
     def finish(self) -> None:
@@ -430,141 +394,29 @@ class _Reader:
 
 
 def _write_text(out: list[bytes], text: str, field: str, *, empty_ok: bool = False) -> None:
-    raw = text.encode()
-    if len(raw) > MAX_NAME_BYTES or (not raw and not empty_ok):
-        raise ValueError(f"{field} must be 1..{MAX_NAME_BYTES} bytes of UTF-8, got {len(raw)} ({text!r})")
-    out.append(_U8.pack(len(raw)))
-    out.append(raw)
+    encoded = text.encode()
+    if len(encoded) > MAX_NAME_BYTES or (not encoded and not empty_ok):
+        raise ValueError(f"{field} must be 1..{MAX_NAME_BYTES} bytes of UTF-8, got {len(encoded)} ({text!r})")
+    out.append(_U8.pack(len(encoded)))
+    out.append(encoded)
 
 
-def _write_desc(out: list[bytes], name: str, code: int, shape: tuple[int, ...], byte_size: int) -> None:
+def _write_desc(out: list[bytes], name: str, datatype: str, shape: tuple[int, ...], byte_size: int) -> None:
     _write_text(out, name, "tensor name")
     rank = len(shape)
     if rank > MAX_RANK:
         raise ValueError(f"tensor {name!r}: rank {rank} is over the limit of {MAX_RANK}")
-    out.append(_TYPE_RANK.pack(code, rank))
+    out.append(_TYPE_RANK.pack(DATATYPE_CODES[datatype], rank))
     out.append(_DIMS[rank].pack(*shape))
     out.append(_U32.pack(byte_size))
 
 
-# ---- raw tensor codec ----------------------------------------------------------------------------
+# ---- tensor bytes (the raw codec: lumenrt.protocols.raw) ------------------------------------------
 
 
-def to_raw(array: Array) -> tuple[int, bytes | memoryview]:
-    """The datatype code and raw little-endian bytes of ``array`` (a view when it is already
-    contiguous little-endian; small arrays are copied, which is cheaper than a view)."""
-    dt = array.dtype
-    code = _DTYPE_CODES.get(dt)
-    if code is None:
-        if dt.kind in "OSU":
-            return DATATYPE_CODES["BYTES"], _bytes_to_raw(array)
-        try:
-            name = dtypes.from_numpy(dt)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; send one of {', '.join(dtypes.DATATYPES)}") from None
-        code = DATATYPE_CODES[name]
-        array = array.astype(_LE_DTYPES[code])
-    if array.nbytes <= 4096 or not array.flags.c_contiguous:
-        return code, array.tobytes()
-    return code, array.data.cast("B")
-
-
-def _bytes_to_raw(array: Array) -> bytes:
-    parts: list[bytes] = []
-    for item in array.reshape(-1):
-        if isinstance(item, bytes):
-            b = item
-        elif isinstance(item, str):
-            b = item.encode()
-        elif isinstance(item, (bytearray, memoryview)):
-            b = bytes(item)
-        else:
-            b = str(item).encode()
-        parts.append(_U32.pack(len(b)))
-        parts.append(b)
-    return b"".join(parts)
-
-
-def payload_slots(descs: Sequence[TensorDesc]) -> tuple[TensorSlot, ...]:
-    """The slots of tensors laid out one after the other in descriptor order."""
-    slots: list[TensorSlot] = []
-    at = 0
-    for d in descs:
-        code = DATATYPE_CODES[d.datatype]
-        dt = _LE_DTYPES.get(code)
-        count = d.byte_size // dt.itemsize if dt is not None else math.prod(d.shape)
-        slots.append(
-            TensorSlot(d.name, dt, d.shape, at, count, d.byte_size, d.datatype == "BOOL", d.shape != (count,))
-        )
-        at += d.byte_size
-    return tuple(slots)
-
-
-def split_payload(data: bytes, at: int, slots: Sequence[TensorSlot], kind: str) -> list[Array]:
-    """The arrays of a payload starting at ``data[at]`` (checked to hold the slots' bytes), in
-    slot order: read-only views of ``data`` for fixed-size types."""
-    arrays: list[Array] = []
-    for s in slots:
-        dt = s.dtype
-        if dt is None:
-            start = at + s.offset
-            arrays.append(
-                _bytes_from_raw(memoryview(data)[start : start + s.byte_size], s.shape, f"{kind} {s.name!r}")
-            )
-            continue
-        try:
-            array: Array = np.frombuffer(data, dt, s.elements, at + s.offset)
-            if s.reshape:
-                array = array.reshape(s.shape)
-        except ValueError as exc:
-            raise ProtocolError(f"{kind} {s.name!r}: shape {list(s.shape)} is not usable: {exc}") from None
-        if s.is_bool and s.elements and int(array.view(np.uint8).max()) > 1:
-            raise ProtocolError(f"{kind} {s.name!r}: BOOL data must be bytes 0 or 1")
-        if not _LITTLE and dt.itemsize > 1:  # pragma: no cover - big-endian hosts
-            array = array.astype(dt.newbyteorder("="))
-        arrays.append(array)
-    return arrays
-
-
-def from_raw(buf: bytes | memoryview, desc: TensorDesc, where: str) -> Array:
-    """One tensor's array over ``buf``, which must hold exactly its bytes."""
-    if len(buf) != desc.byte_size:
-        raise ProtocolError(f"{where}: {len(buf)} bytes of data, the descriptor says {desc.byte_size}")
-    if desc.datatype not in DATATYPE_CODES:
-        raise ProtocolError(f"{where}: datatype {desc.datatype!r} is not a V2 datatype")
-    size = _ITEM_BYTES[DATATYPE_CODES[desc.datatype]]
-    count = math.prod(desc.shape)
-    if size is not None and size * count != desc.byte_size:
-        raise ProtocolError(
-            f"{where}: {desc.byte_size} bytes of data but shape {list(desc.shape)} of {desc.datatype} "
-            f"needs {size * count} bytes"
-        )
-    (array,) = split_payload(bytes(buf), 0, payload_slots([desc]), where)
-    return array
-
-
-def _bytes_from_raw(view: memoryview, shape: tuple[int, ...], where: str) -> Array:
-    count = math.prod(shape)
-    end = len(view)
-    if count * 4 > end:
-        raise ProtocolError(f"{where}: {end} bytes of data cannot hold {count} BYTES elements")
-    out = np.empty(count, dtype=object)  # count <= end / 4: bounded by the bytes received
-    at = 0
-    for i in range(count):
-        if at + 4 > end:
-            raise ProtocolError(f"{where}: BYTES data ends inside the length of element {i} of {count}")
-        (n,) = _U32.unpack_from(view, at)
-        at += 4
-        if at + n > end:
-            raise ProtocolError(f"{where}: BYTES element {i} claims {n} bytes but only {end - at} remain")
-        out[i] = bytes(view[at : at + n])
-        at += n
-    if at != end:
-        raise ProtocolError(f"{where}: {end - at} bytes left over after {count} BYTES elements")
-    try:
-        return out.reshape(shape)
-    except ValueError as exc:
-        raise ProtocolError(f"{where}: shape {list(shape)} is not usable: {exc}") from None
+def _slots(descs: Sequence[TensorDesc]) -> tuple[TensorSlot, ...]:
+    """Where each tensor of a payload lies (descriptor byte sizes were checked by ``_Reader``)."""
+    return raw.payload_slots((d.name, d.datatype, d.shape, d.byte_size) for d in descs)
 
 
 # ---- request -------------------------------------------------------------------------------------
@@ -572,17 +424,17 @@ def _bytes_from_raw(view: memoryview, shape: tuple[int, ...], where: str) -> Arr
 
 def _tensor_parts(
     tensors: Iterable[tuple[str, Any]],
-) -> tuple[list[tuple[str, int, tuple[int, ...], int]], list[bytes | memoryview], int]:
-    """(name, code, shape, byte size) per tensor, their raw bytes, and the bytes in all."""
-    sig: list[tuple[str, int, tuple[int, ...], int]] = []
+) -> tuple[list[tuple[str, str, tuple[int, ...], int]], list[bytes | memoryview], int]:
+    """(name, datatype, shape, byte size) per tensor, their raw bytes, and the bytes in all."""
+    sig: list[tuple[str, str, tuple[int, ...], int]] = []
     raws: list[bytes | memoryview] = []
     total = 0
     for name, value in tensors:
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        code, raw = to_raw(array)
-        size = len(raw) if isinstance(raw, bytes) else raw.nbytes
-        sig.append((name, code, array.shape, size))
-        raws.append(raw)
+        datatype, data = raw.to_raw(array)
+        size = len(data) if isinstance(data, bytes) else data.nbytes
+        sig.append((name, datatype, array.shape, size))
+        raws.append(data)
         total += size
     if total > MAX_PAYLOAD_BYTES:
         raise ValueError(f"{total} bytes of tensor data is over the frame limit of {MAX_PAYLOAD_BYTES}")
@@ -593,7 +445,7 @@ def _request_meta_bytes(
     model: str,
     version: str,
     timeout_us: int,
-    sig: Sequence[tuple[str, int, tuple[int, ...], int]],
+    sig: Sequence[tuple[str, str, tuple[int, ...], int]],
     outputs: Sequence[str],
 ) -> bytes:
     if not 0 <= timeout_us <= MAX_TIMEOUT_US:
@@ -605,8 +457,8 @@ def _request_meta_bytes(
     _write_text(meta, version, "model version", empty_ok=True)
     meta.append(_U32.pack(timeout_us))
     meta.append(_U8.pack(len(sig)))
-    for name, code, shape, size in sig:
-        _write_desc(meta, name, code, shape, size)
+    for name, datatype, shape, size in sig:
+        _write_desc(meta, name, datatype, shape, size)
     meta.append(_U8.pack(len(outputs)))
     for name in outputs:
         _write_text(meta, name, "output name")
@@ -676,7 +528,7 @@ def decode_request_meta(meta: bytes) -> RequestMeta:
     outputs = tuple(r.text(f"output name {i}") for i in range(r.u8("the output count")))
     r.finish()
     return RequestMeta(
-        model, version, timeout_us, inputs, outputs, sum(t.byte_size for t in inputs), payload_slots(inputs)
+        model, version, timeout_us, inputs, outputs, sum(t.byte_size for t in inputs), _slots(inputs)
     )
 
 
@@ -684,7 +536,7 @@ def decode_request_meta(meta: bytes) -> RequestMeta:
 
 
 def _response_desc_bytes(
-    model: str, version: int, sig: Sequence[tuple[str, int, tuple[int, ...], int]]
+    model: str, version: int, sig: Sequence[tuple[str, str, tuple[int, ...], int]]
 ) -> bytes:
     """The response metadata after its timing fields."""
     if len(sig) > 255:
@@ -693,8 +545,8 @@ def _response_desc_bytes(
     _write_text(meta, model, "model name")
     meta.append(_U64.pack(version))
     meta.append(_U8.pack(len(sig)))
-    for name, code, shape, size in sig:
-        _write_desc(meta, name, code, shape, size)
+    for name, datatype, shape, size in sig:
+        _write_desc(meta, name, datatype, shape, size)
     return b"".join(meta)
 
 
@@ -785,7 +637,7 @@ def _decode_response_desc(meta: bytes, offset: int) -> ResponseMeta:
     version = r.u64("the model version")
     outputs = tuple(r.tensor(f"output {i}") for i in range(r.u8("the output count")))
     r.finish()
-    return ResponseMeta(model, version, outputs, sum(t.byte_size for t in outputs), payload_slots(outputs))
+    return ResponseMeta(model, version, outputs, sum(t.byte_size for t in outputs), _slots(outputs))
 
 
 class ResponseDecoder:
@@ -812,7 +664,7 @@ class ResponseDecoder:
             raise ProtocolError(
                 f"response payload is {frame.payload_bytes} bytes but its outputs total {desc.payload_bytes}"
             )
-        arrays = split_payload(frame.data, frame.payload_at, desc.slots, "output")
+        arrays = raw.split_payload(frame.data, frame.payload_at, desc.slots, "output", ProtocolError)
         outputs = {s.name: a for s, a in zip(desc.slots, arrays, strict=True)}
         return desc, outputs, decode_timing(meta) if skip > 1 else {}
 

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lumenrt.protocols.errors import bad_request
 from lumenrt.protocols.tcp import MAX_TIMEOUT_US  # its u32 timeout field: one cap for every front end
-from lumenrt.server.errors import bad_request
 
 TIMING_PARAMETER = "lumenrt_timing"  # request parameter: true -> response carries server stage times
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lumenrt.engine.config import ModelConfig
+from lumenrt.ingress.service import InferOutcome, WireInput
 from lumenrt.protocols import dtypes
-from lumenrt.server.errors import ServerError, bad_request
-from lumenrt.server.parameters import input_parameters, output_parameters, request_parameters
-from lumenrt.server.service import InferOutcome, WireInput
-from lumenrt.server.tensors import check_datatype, check_shape, from_json, from_raw, to_json_data, to_raw
+from lumenrt.protocols.errors import ServerError, bad_request
+from lumenrt.protocols.parameters import input_parameters, output_parameters, request_parameters
+from lumenrt.protocols.raw import TensorSlot, from_raw, payload_slots, split_payload, to_raw
+from lumenrt.protocols.tensors import check_datatype, check_shape, from_json, to_json_data
 
 MAX_INPUTS = 1024  # tensors in one request (guessed ample; bounds the per-input work)
 
@@ -67,6 +68,7 @@ class _Plan:
     timeout_s: float | None
     timing: bool
     inputs: tuple[tuple[str, str, tuple[int, ...], int], ...]  # name, datatype, shape, bytes
+    slots: tuple[TensorSlot, ...]  # where each input lies in the binary part
     outputs: tuple[tuple[str, bool | None], ...]
     binary_bytes: int  # sum of the inputs' bytes
 
@@ -78,29 +80,30 @@ PLAN_CACHE_MAX_BYTES = 1024
 _plans: dict[tuple[bytes, int], _Plan] = {}
 
 
-def _from_plan(plan: _Plan, view: memoryview, at: int, total: int) -> ParsedInfer:
-    if at + plan.binary_bytes != total:
+def _from_plan(plan: _Plan, body: bytes, at: int) -> ParsedInfer:
+    if at + plan.binary_bytes != len(body):
         raise bad_request(
-            f"the inputs take {plan.binary_bytes} bytes of binary data but the body has {total - at}"
+            f"the inputs take {plan.binary_bytes} bytes of binary data but the body has {len(body) - at}"
         )
-    inputs = []
-    for i, (name, datatype, shape, size) in enumerate(plan.inputs):
-        inputs.append(
-            WireInput(name, datatype, shape, from_raw(view[at : at + size], datatype, shape, f"inputs[{i}]"))
-        )
-        at += size
+    arrays = split_payload(body, at, plan.slots, "input", bad_request)
+    inputs = [
+        WireInput(name, datatype, shape, array)
+        for (name, datatype, shape, _), array in zip(plan.inputs, arrays, strict=True)
+    ]
     return ParsedInfer(
         inputs, plan.request_id, dict(plan.outputs), plan.binary_output, plan.timeout_s, plan.timing
     )
 
 
 def _plan_of(parsed: ParsedInfer, sizes: list[int]) -> _Plan:
+    inputs = tuple((w.name, w.datatype, w.shape, n) for w, n in zip(parsed.inputs, sizes, strict=True))
     return _Plan(
         parsed.request_id,
         parsed.binary_output,
         parsed.timeout_s,
         parsed.timing,
-        tuple((w.name, w.datatype, w.shape, n) for w, n in zip(parsed.inputs, sizes, strict=True)),
+        inputs,
+        payload_slots(inputs),  # each size was checked against its shape by from_raw
         tuple(parsed.outputs.items()),
         sum(sizes),
     )
@@ -108,17 +111,16 @@ def _plan_of(parsed: ParsedInfer, sizes: list[int]) -> _Plan:
 
 def parse_infer_request(body: bytes, header_length: int | None, max_elements: int) -> ParsedInfer:
     """Decode a JSON (``header_length`` None) or JSON+binary infer body."""
-    view = memoryview(body)
     key: tuple[bytes, int] | None = None
     if header_length is not None and 0 < header_length <= min(PLAN_CACHE_MAX_BYTES, len(body)):
         key = (body[:header_length], max_elements)
         plan = _plans.get(key)
         if plan is not None:
             try:
-                return _from_plan(plan, view, header_length, len(body))
+                return _from_plan(plan, body, header_length)
             except ServerError:
                 pass  # the binary part is wrong: the full decode below names the field as ever
-    parsed, sizes = _parse(body, view, header_length, max_elements)
+    parsed, sizes = _parse(body, header_length, max_elements)
     if key is not None and len(sizes) == len(parsed.inputs):  # every input binary: reusable
         if len(_plans) >= PLAN_CACHE_ENTRIES:
             _plans.clear()
@@ -126,10 +128,9 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
     return parsed
 
 
-def _parse(
-    body: bytes, view: memoryview, header_length: int | None, max_elements: int
-) -> tuple[ParsedInfer, list[int]]:
+def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[ParsedInfer, list[int]]:
     """The full decode; also the byte sizes of the binary inputs, in order."""
+    view = memoryview(body)
     sizes: list[int] = []
     if header_length is None:
         header_length = len(body)
@@ -177,7 +178,7 @@ def _parse(
                 raise bad_request(
                     f"{where}: binary_data_size {size} but only {len(body) - at} bytes of binary data remain"
                 )
-            array = from_raw(view[at : at + size], datatype, shape, where)
+            array = from_raw(view[at : at + size], datatype, shape, where, bad_request)
             at += size
             sizes.append(size)
         elif "data" in entry:
@@ -220,7 +221,7 @@ def parse_raw_request(body: bytes, config: ModelConfig) -> ParsedInfer:
         shape: tuple[int, ...] = (len(body) // row_bytes, *spec.dims)
     else:
         shape = spec.dims
-    array = from_raw(memoryview(body), spec.datatype, shape, where)
+    array = from_raw(body, spec.datatype, shape, where, bad_request)
     return ParsedInfer([WireInput(spec.name, spec.datatype, shape, array)], raw=True, binary_output=True)
 
 
@@ -251,7 +252,7 @@ def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[b
                     _headers.clear()
                 _headers[key] = header
             return header, chunks
-        return header, [to_raw(array) for _, array in outcome.outputs]
+        return header, [to_raw(array)[1] for _, array in outcome.outputs]
     return _encode(outcome, parsed)
 
 
@@ -261,16 +262,15 @@ def _encode(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any
     for name, array in outcome.outputs:
         wanted = parsed.outputs.get(name)
         binary = parsed.binary_output if wanted is None else wanted
-        entry: dict[str, Any] = {
-            "name": name,
-            "datatype": dtypes.from_numpy(array.dtype),
-            "shape": list(array.shape),
-        }
+        entry: dict[str, Any]
         if binary or parsed.raw:
-            raw = to_raw(array)
-            entry["parameters"] = {"binary_data_size": len(raw) if isinstance(raw, bytes) else raw.nbytes}
-            chunks.append(raw)
+            datatype, data = to_raw(array)
+            size = len(data) if isinstance(data, bytes) else data.nbytes
+            entry = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+            entry["parameters"] = {"binary_data_size": size}
+            chunks.append(data)
         else:
+            entry = {"name": name, "datatype": dtypes.from_numpy(array.dtype), "shape": list(array.shape)}
             entry["data"] = to_json_data(array)
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": outcome.model, "model_version": str(outcome.version)}

@@ -10,15 +10,13 @@ Routes (``{v}`` optional: ``/versions/{v}`` after the model name):
   POST /v2/models/{m}[/versions/{v}]/infer         JSON, JSON + binary, raw single input
   POST /v2/repository/index | /v2/repository/models/{m}/load | /unload
 
-Connection invariants
+Connection invariants (flow control, timeouts and the sweeper: ``lumenrt.ingress.connection``)
   - Requests on one connection are answered in the order they arrived (HTTP/1.1 pipelining):
-    ``_queue`` holds parsed requests, at most one is being handled at a time; reading pauses
-    while ``MAX_PIPELINED`` wait.
-  - Write-side backpressure: while the transport's write buffer is over its high-water mark
-    (``pause_writing`` .. ``resume_writing``) reading pauses and no queued request is started, so
-    the buffer holds at most the high-water mark plus one answer (and the one the engine is
-    computing). The two pause reasons (queue full, buffer full) are separate flags: reading
-    resumes only when neither holds, and the buffer draining goes on with the queued requests.
+    ``_queue`` holds parsed requests, at most one is being handled at a time; reading pauses for
+    load (``load_paused``) while ``MAX_PIPELINED`` wait.
+  - While the write buffer is over its high-water mark (``write_paused``) no queued request is
+    started either, so the buffer holds at most the high-water mark plus one answer (and the one
+    the engine is computing); the buffer draining goes on with the queued requests.
   - A body is never buffered beyond ``limits.max_body_bytes``: Content-Length is checked when
     the headers are complete (before any body byte is kept), chunked bodies as they arrive, and a
     gzip/deflate body's decoded size as it is decoded (``http_headers`` says how each header that
@@ -27,37 +25,32 @@ Connection invariants
     and the connection goes on; a request whose framing cannot be trusted is answered and closed.
   - ``100 Continue`` is written only when no answer is still owed on the connection (else when
     the last one is written), and never once the body has begun to arrive.
-  - One sweeper task per server closes connections whose request has been arriving for longer
-    than ``limits.receive_timeout_s`` (408) or that sat idle for ``limits.idle_timeout_s``: no
-    timer per request. Idle means nothing received, no request in the engine and no written
-    byte drained for that long. The receive clock stops while the server is not reading (either
-    pause) and restarts when reading resumes. A connection whose writes are paused is never
-    idle while the buffer drains (the sweeper compares its size between sweeps); a client that
-    reads nothing for ``idle_timeout_s`` has stopped reading: the connection is aborted (its
-    buffered and queued answers are dropped, as for a client that went away), which bounds
-    what it holds. The same holds for a connection we closed whose last answer the client
-    never reads.
+  - A request not received whole within ``limits.receive_timeout_s`` is answered 408 and the
+    connection closed; a message in progress is one begun (``_begun``) and not yet complete
+    (``_finished``): counters, no clock, on the parse path.
   - Every request that was parsed whole gets exactly one response; a connection closed by the
-    client drops the responses still owed to it (its requests still finish inside the engine).
+    client, or aborted by the sweeper for not reading, drops the responses still owed to it (its
+    requests still finish inside the engine).
 """
 
 import asyncio
 import json
-import socket
 import time
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 from urllib.parse import unquote
 
 import httptools
 
-from lumenrt.server.errors import REASONS, ServerError, as_server_error, bad_request, not_found
-from lumenrt.server.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
-from lumenrt.server.parameters import check_bool, refuse_load_parameters
-from lumenrt.server.service import InferenceService, InferOutcome
-from lumenrt.server.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
+from lumenrt.ingress.connection import Connection, Listener
+from lumenrt.ingress.errors import REASONS, as_server_error, not_found
+from lumenrt.ingress.service import InferenceService, InferOutcome
+from lumenrt.ingress.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
+from lumenrt.protocols.errors import ServerError, bad_request
+from lumenrt.protocols.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
+from lumenrt.protocols.parameters import check_bool, refuse_load_parameters
 
 MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading pauses (guessed)
 HEADER_LENGTH = b"inference-header-content-length"
@@ -94,42 +87,15 @@ def json_response(doc: Any, status: int = 200) -> Response:
     return Response(status, json.dumps(doc, separators=(",", ":")).encode())
 
 
-class HttpServer:
-    """The listening socket, its connections and the sweeper."""
+class HttpServer(Listener["HttpConnection"]):
+    """The listening socket, its connections and the sweeper (``Listener``)."""
 
     def __init__(self, service: InferenceService) -> None:
+        super().__init__(service.limits)
         self.service = service
-        self.connections: set[HttpConnection] = set()
-        self.server: asyncio.base_events.Server | None = None
-        self.port = 0
-        self._sweeper: asyncio.Task[None] | None = None
 
-    async def listen(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: HttpConnection(self), host, port, backlog=1024)
-        self.port = int(self.server.sockets[0].getsockname()[1])
-        self._sweeper = loop.create_task(self._sweep())
-
-    async def stop_listening(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-    async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        for conn in list(self.connections):
-            conn.close()
-        if self.server is not None:
-            await self.server.wait_closed()
-
-    async def _sweep(self) -> None:
-        limits = self.service.limits
-        interval = min(max(min(limits.receive_timeout_s, limits.idle_timeout_s) / 4, 0.05), 1.0)
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for conn in list(self.connections):
-                conn.check_timeouts(now, limits.receive_timeout_s, limits.idle_timeout_s)
+    def _connection(self) -> "HttpConnection":
+        return HttpConnection(self)
 
 
 async def start_http(service: InferenceService, host: str, port: int) -> HttpServer:
@@ -138,21 +104,16 @@ async def start_http(service: InferenceService, host: str, port: int) -> HttpSer
     return server
 
 
-class HttpConnection(asyncio.Protocol):
+class HttpConnection(Connection):
     def __init__(self, server: HttpServer) -> None:
+        super().__init__(server, server.limits)
         self.server = server
         self.service = server.service
-        self.limits = server.service.limits
         self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self._queue: deque[HttpRequest] = deque()
         self._busy = False
         self._task: asyncio.Task[None] | None = None  # the request being answered
-        self._paused = False  # reading paused: MAX_PIPELINED requests wait
-        self._write_paused = False  # the write buffer is over its high-water mark (pause_writing)
-        self._write_buffer_seen = 0  # its size at the last sweep while paused: smaller = progress
-        self._closing = False
         # the message being parsed
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
@@ -164,55 +125,17 @@ class HttpConnection(asyncio.Protocol):
         self._decoder: ContentDecoder | None = None
         self._body_error: ServerError | None = None
         self._continue_owed = False  # Expect: 100-continue waits for the answers owed before it
-        self._started = 0.0  # monotonic s when the current message began; 0 = between messages
-        self._last_active = time.monotonic()
+        self._begun = 0  # messages begun ...
+        self._finished = 0  # ... and received whole: one in progress while they differ
 
     # ---- transport callbacks ------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.connections.add(self)
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
         self._queue.clear()
-        self.server.connections.discard(self)
-
-    def pause_writing(self) -> None:
-        """The write buffer is over its high-water mark: read nothing more and start no queued
-        request until it drains (reading may already be paused for the queue: a separate flag)."""
-        self._write_paused = True
-        self._last_active = time.monotonic()  # the stall clock (check_timeouts) starts here
-        if self.transport is not None and not self._closing:
-            self._write_buffer_seen = self.transport.get_write_buffer_size()
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        """The buffer drained under its low-water mark: go on with the queued requests (which may
-        fill it again), then read again unless the queue still holds reading paused."""
-        self._write_paused = False
-        self._last_active = time.monotonic()
-        if not self._busy:
-            self._next()
-        self._resume_reading()
-
-    def _resume_reading(self) -> None:
-        """Read again once neither pause reason holds. A message that was arriving when reading
-        paused gets its receive clock restarted: the wait was the server's, not the client's."""
-        transport = self.transport
-        if self._paused or self._write_paused or self._closing or transport is None:
-            return
-        if transport.is_reading() or transport.is_closing():
-            return
-        if self._started:
-            self._started = time.monotonic()
-        transport.resume_reading()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        self._last_active = time.monotonic()
+        self.received += 1
         while data:
             try:
                 self.parser.feed_data(data)
@@ -237,50 +160,30 @@ class HttpConnection(asyncio.Protocol):
     def _fail(self, err: ServerError) -> None:
         """A request that cannot be parsed (or is over a limit): answer it, then close, since the
         stream can no longer be trusted to be in step."""
-        if self._closing:
+        if self.closing:
             return
         self._queue.clear()
         self._write(error_response(err), keep_alive=False)
 
-    def close(self) -> None:
-        if self.transport is not None and not self._closing:
-            self._closing = True
-            self._last_active = time.monotonic()  # the flush clock (check_timeouts) starts here
-            self._write_buffer_seen = self.transport.get_write_buffer_size()
-            self.transport.close()
+    # ---- connection hooks (lumenrt.ingress.connection) ----------------------------------------
 
-    def check_timeouts(self, now: float, receive_timeout_s: float, idle_timeout_s: float) -> None:
-        transport = self.transport
-        if transport is None:
-            return
-        if self._closing:  # closed by us, its last answer still being flushed
-            size = transport.get_write_buffer_size()
-            if size < self._write_buffer_seen:
-                self._last_active = now  # the client reads it
-            self._write_buffer_seen = size
-            if size and now - self._last_active > idle_timeout_s:
-                transport.abort()  # it never reads its last answer: drop it, free the buffer
-            return
-        if self._busy:
-            self._last_active = now  # a request in the engine: the idle clock starts after it
-        if self._write_paused:
-            size = transport.get_write_buffer_size()
-            if size < self._write_buffer_seen:
-                self._last_active = now  # the client reads, if slowly: not stalled
-            self._write_buffer_seen = size
-            if now - self._last_active > idle_timeout_s:
-                # stalled: the client read nothing for idle_timeout_s. abort, since close()
-                # would keep the buffer until it is flushed to a client that does not read
-                self._closing = True
-                self._queue.clear()
-                transport.abort()
-            return
-        if self._paused:
-            return  # not reading while MAX_PIPELINED wait (so one is in the engine): no clock runs
-        if self._started and now - self._started > receive_timeout_s:
-            self._fail(ServerError(408, f"request not received whole within {receive_timeout_s:g} s"))
-        elif not self._started and not self._busy and now - self._last_active > idle_timeout_s:
-            self.close()
+    def _serving(self) -> bool:
+        return self._busy
+
+    def _partial(self) -> int:
+        begun = self._begun
+        return begun if begun != self._finished else -1
+
+    def _receive_timed_out(self) -> None:
+        self._fail(ServerError(408, f"request not received whole within {self.limits.receive_timeout_s:g} s"))
+
+    def _writes_resumed(self) -> None:
+        if not self._busy:
+            self._next()
+
+    def abort(self) -> None:
+        self._queue.clear()
+        super().abort()
 
     # ---- httptools callbacks ------------------------------------------------------------------
 
@@ -293,7 +196,7 @@ class HttpConnection(asyncio.Protocol):
         self._headers_done = False
         self._decoder = None
         self._body_error = None
-        self._started = time.monotonic()
+        self._begun += 1
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -351,7 +254,7 @@ class HttpConnection(asyncio.Protocol):
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
         self._decoder = None
-        self._started = 0.0
+        self._finished = self._begun
         req = HttpRequest(
             self.parser.get_method(),
             self._url.decode("latin-1"),
@@ -363,9 +266,8 @@ class HttpConnection(asyncio.Protocol):
             self._body_error,
         )
         self._queue.append(req)
-        if len(self._queue) >= MAX_PIPELINED and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        if len(self._queue) >= MAX_PIPELINED and not self.load_paused:
+            self._pause_for_load()
         if not self._busy:
             self._next()
 
@@ -374,7 +276,7 @@ class HttpConnection(asyncio.Protocol):
     def _next(self) -> None:
         """Handle queued requests in order until one has to wait for the engine or the write buffer
         is over its high-water mark (``resume_writing`` calls this again)."""
-        while self._queue and not self._busy and not self._write_paused and not self._closing:
+        while self._queue and not self._busy and not self.write_paused and not self.closing:
             req = self._queue.popleft()
             try:
                 result = error_response(req.error) if req.error is not None else route(self.service, req)
@@ -386,14 +288,13 @@ class HttpConnection(asyncio.Protocol):
             self._busy = True
             self._task = self.loop.create_task(self._respond(result, req))  # referenced while it runs
             return
-        if self._queue or self._busy or self._closing:
+        if self._queue or self._busy or self.closing:
             return  # the rest waits for the engine's answer or for the write buffer to drain
         if self._continue_owed:
             self._continue_owed = False
             self._write_continue()
-        if self._paused:
-            self._paused = False
-            self._resume_reading()  # unless the write buffer still holds reading paused
+        if self.load_paused:
+            self._resume_for_load()  # unless the write buffer still holds reading paused
 
     async def _respond(self, pending: Awaitable[Response], req: HttpRequest) -> None:
         """Await the engine's answer and write it in the same step: the service counts the request
@@ -410,11 +311,11 @@ class HttpConnection(asyncio.Protocol):
         self._next()
 
     def _write_continue(self) -> None:
-        if not self._closing and self.transport is not None:
+        if not self.closing and self.transport is not None:
             self.transport.write(CONTINUE)
 
     def _write(self, response: Response, keep_alive: bool, http_10: bool = False) -> None:
-        if self._closing or self.transport is None:
+        if self.closing or self.transport is None:
             return
         body = response.body
         if isinstance(body, list):

@@ -2,22 +2,23 @@
 
 Wire format: docs/tcp-protocol.md; codecs: ``lumenrt.protocols.tcp``.
 
-Invariants:
+Invariants (flow control, timeouts, the sweeper and the shutdown order:
+``lumenrt.ingress.connection``):
   - Every request frame gets exactly one response or error frame carrying its id, unless the
-    connection is lost first: the request then still runs to its end in the engine and its
-    answer is dropped. Answers go out as they complete, so they may overtake earlier requests.
+    connection is lost (or aborted for not reading) first: the request then still runs to its
+    end in the engine and its answer is dropped. Answers go out as they complete, so they may
+    overtake earlier requests.
   - A frame that breaks framing (bad magic or version, a size over a limit, a frame not received
     whole within ``receive_timeout_s``) is answered by an error frame (the frame's id when its
     header was readable, else 0); then the connection half-closes and input is discarded until
     the peer closes or ``LINGER_S`` passes (closing at once with unread input would reset the
     connection and could destroy the error frame before the peer reads it).
-  - Backpressure: at most ``MAX_IN_FLIGHT`` requests are served per connection; at that point,
-    and whenever the transport's write buffer is over its high-water mark, reading pauses (the
-    decoder keeps the rest of the chunk) until ``RESUME_IN_FLIGHT`` and the buffer drains.
-  - One sweeper task per front end, not a timer per request or connection, closes connections
-    with a partial frame older than ``receive_timeout_s`` or idle (nothing received, nothing in
-    flight) for ``idle_timeout_s``. It reads counters the hot path bumps, so ``data_received``
-    reads no clock for it.
+  - Backpressure: at most ``MAX_IN_FLIGHT`` requests are served per connection; at that point
+    reading pauses for load until ``RESUME_IN_FLIGHT``; while it is paused for either reason the
+    decoder keeps the rest of the chunk and delivers no frame. The write buffer thus holds at
+    most its high-water mark plus the answers of the requests in flight when it crossed it.
+  - A frame in progress is the decoder's buffered tail; its identity is the count of frames
+    delivered before it, so ``data_received`` reads no clock for the receive timeout.
   - Everything here runs on the one event loop; the service is never called from another thread.
 
 Buffers: a request's input arrays are read-only views of the received chunk (a ``bytes`` object
@@ -25,21 +26,26 @@ owned by the frame); the engine copies them once when it queues the request, and
 freed with the last view. An answer's tensors are joined into one buffer when small, else written
 as views of the output arrays, which the transport holds until they are sent.
 
-Shutdown order (``ServerApp.shutdown``):
-  1. ``stop_listening``: the listening socket closes; the service already refuses new requests
-     (503 error frames) since ``stop_accepting``;
-  2. the app waits for requests in flight (``grace_s``);
-  3. ``close``: the sweeper stops, every transport closes (answers already written are flushed
-     first), and requests still running are cancelled and awaited.
+Shutdown (``ServerApp.shutdown``, then ``Listener.close``): the service answers new requests with
+503 error frames from ``stop_accepting``; at step 4 of ``Listener.close`` the request tasks still
+running are cancelled and awaited (their answers are dropped).
 """
 
 import asyncio
-import contextlib
-import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
+from lumenrt.ingress.connection import Connection, Listener
+from lumenrt.ingress.errors import as_server_error
+from lumenrt.ingress.service import (
+    InferenceService,
+    InferOutcome,
+    WireInput,
+    timing_parameters,
+)
+from lumenrt.protocols.errors import ServerError
+from lumenrt.protocols.raw import split_payload
 from lumenrt.protocols.tcp import (
     FLAG_TIMING,
     KIND_NAMES,
@@ -53,17 +59,8 @@ from lumenrt.protocols.tcp import (
     ResponseEncoder,
     decode_request_meta,
     encode_error,
-    split_payload,
 )
-from lumenrt.server.errors import ServerError, as_server_error
-from lumenrt.server.service import (
-    InferenceService,
-    InferOutcome,
-    ServeLimits,
-    WireInput,
-    timing_parameters,
-)
-from lumenrt.server.tensors import check_shape
+from lumenrt.protocols.tensors import check_shape
 
 MAX_IN_FLIGHT = 256  # requests served at once per connection before reading pauses (guessed)
 RESUME_IN_FLIGHT = MAX_IN_FLIGHT // 2
@@ -96,44 +93,22 @@ class _Request:
     received_ns: int
 
 
-class TcpConnection(asyncio.Protocol):
+class TcpConnection(Connection):
     def __init__(self, front: "TcpFrontEnd") -> None:
+        super().__init__(front, front.limits)
         self.front = front
         self.service = front.service
-        limits = front.service.limits
+        limits = self.limits
         self.decoder = FrameDecoder(
             self._on_frame, max_frame_bytes=limits.max_body_bytes, max_meta_bytes=limits.max_header_bytes
         )
-        self.transport: asyncio.Transport | None = None
         self.in_flight = 0
-        self.closed = False  # connection lost (or closed by us): answers are dropped
-        self.draining = False  # after a fatal error: input discarded until close
-        self.peer_eof = False
-        self.reading_paused = False
-        self.write_paused = False
-        self._received_ns = 0
-        # sweeper bookkeeping: the hot path only bumps ``received``
-        now = front.loop.time()
-        self.received = 0
-        self.seen_received = 0
-        self.active_at = now
+        self.draining = False  # after a fatal error: input discarded until close (implies closing)
         self.draining_since = 0.0
-        self.partial_frames = -1  # decoder.frames when a partial frame was first seen by a sweep
-        self.partial_since = 0.0
+        self.peer_eof = False
+        self._received_ns = 0
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.front.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.front.connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
         self.received += 1
@@ -150,18 +125,10 @@ class TcpConnection(asyncio.Protocol):
         self.peer_eof = True
         return self.in_flight > 0 and not self.draining  # True keeps the transport open to write
 
-    def pause_writing(self) -> None:
-        self.write_paused = True
-        self._pause_reading()
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self._maybe_resume_reading()
-
     # ---- requests ----------------------------------------------------------------------------
 
     def _on_frame(self, frame: Frame) -> None:
-        if self.draining or self.closed:
+        if self.closing:
             return
         rid = frame.request_id
         if frame.kind != REQUEST:
@@ -182,7 +149,7 @@ class TcpConnection(asyncio.Protocol):
                 raise ProtocolError(
                     f"request payload is {frame.payload_bytes} bytes but its inputs total {meta.payload_bytes}"
                 )
-            arrays = split_payload(frame.data, frame.payload_at, meta.slots, "input")
+            arrays = split_payload(frame.data, frame.payload_at, meta.slots, "input", ProtocolError)
             rt = self.service.runtime(meta.model, meta.version or None)
             if rt is plan.runtime:  # names and datatypes already checked against this runtime
                 checked = {s.name: a for s, a in zip(meta.slots, arrays, strict=True)}
@@ -211,7 +178,7 @@ class TcpConnection(asyncio.Protocol):
         request = _Request(rid, timing, rt, checked, outputs, timeout_s, self._received_ns)
         self.in_flight += 1
         if self.in_flight >= MAX_IN_FLIGHT:
-            self._pause_reading()
+            self._pause_for_load()
         task = self.front.loop.create_task(self._serve(request))
         self.front.tasks.add(task)
         task.add_done_callback(self.front.tasks.discard)
@@ -236,10 +203,10 @@ class TcpConnection(asyncio.Protocol):
         finally:
             self.in_flight -= 1
         self._write(answer)
-        if self.reading_paused:
-            self._maybe_resume_reading()
-        if self.peer_eof and self.in_flight == 0 and not self.reading_paused and self.transport is not None:
-            self.transport.close()
+        if self.load_paused and self.in_flight <= RESUME_IN_FLIGHT:
+            self._resume_for_load()
+        if self.peer_eof and self.in_flight == 0 and not self.reading_paused:
+            self.close()
 
     def _encode(self, request_id: int, out: InferOutcome, timing: bool) -> bytes | list[Any]:
         fields = None
@@ -259,7 +226,7 @@ class TcpConnection(asyncio.Protocol):
 
     def _write(self, answer: bytes | list[Any]) -> None:
         transport = self.transport
-        if self.closed or self.draining or transport is None or transport.is_closing():
+        if self.closing or transport is None or transport.is_closing():
             return
         if isinstance(answer, bytes):
             transport.write(answer)
@@ -276,100 +243,69 @@ class TcpConnection(asyncio.Protocol):
         if self.draining:
             return
         self._write(encode_error(exc.request_id, exc.status, exc.message, closing=True))
-        self.draining = True  # from here on answers are dropped (the write side is shut)
-        self.draining_since = self.front.loop.time()
+        self.draining = self.closing = True  # from here on answers are dropped (the write side is shut)
+        self.draining_since = self._clock()
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if self.reading_paused:  # keep reading: unread input would reset the connection
-            self.reading_paused = False
-            transport.resume_reading()
+        self._read_while_closing()  # unread input would reset the connection
         if transport.can_write_eof():
             transport.write_eof()
         else:  # pragma: no cover - TCP transports can always half-close
-            transport.close()
+            self._close_transport()
 
-    # ---- flow control ----------------------------------------------------------------------
+    # ---- connection hooks (lumenrt.ingress.connection) ---------------------------------------
 
-    def _pause_reading(self) -> None:
-        if self.reading_paused or self.draining or self.transport is None:
-            return
-        self.reading_paused = True
+    def _serving(self) -> bool:
+        return self.in_flight > 0
+
+    def _partial(self) -> int:
+        return self.decoder.frames if self.decoder.buffered_bytes else -1
+
+    def _receive_timed_out(self) -> None:
+        self._fatal(
+            ProtocolError(
+                f"frame not received whole within {self.limits.receive_timeout_s:g} s "
+                f"({self.decoder.buffered_bytes} bytes of it arrived)",
+                status=408,
+                fatal=True,
+            )
+        )
+
+    def _hold_input(self) -> None:
         self.decoder.pause()
-        if not self.transport.is_closing():
-            self.transport.pause_reading()
 
-    def _maybe_resume_reading(self) -> None:
-        if not self.reading_paused or self.write_paused or self.in_flight > RESUME_IN_FLIGHT:
-            return
-        if self.closed or self.transport is None or self.transport.is_closing():
-            return
-        self.reading_paused = False
-        self.transport.resume_reading()
+    def _release_input(self) -> None:
         try:
             self.decoder.resume()  # may pause again part way
         except ProtocolError as exc:
             self._fatal(exc)
 
-    # ---- sweeper -----------------------------------------------------------------------------
-
-    def sweep(self, now: float, limits: ServeLimits) -> None:
+    def check_timeouts(self, now: float) -> None:
+        """Lingering after a fatal error comes first; then the shared checks (the flush of a
+        closed connection included)."""
         transport = self.transport
-        if self.closed or transport is None:
-            return
-        if self.draining:
+        if self.draining and transport is not None and not transport.is_closing():
             if now - self.draining_since >= LINGER_S:
-                transport.close()
+                self._close_transport()
             return
-        if self.received != self.seen_received:
-            self.seen_received = self.received
-            self.active_at = now
-        if self.in_flight:
-            self.active_at = now
-        if self.decoder.buffered_bytes and not self.reading_paused:
-            frames = self.decoder.frames
-            if self.partial_frames != frames:  # a partial frame not seen before: its clock starts
-                self.partial_frames = frames
-                self.partial_since = now
-            elif now - self.partial_since >= limits.receive_timeout_s:
-                self._fatal(
-                    ProtocolError(
-                        f"frame not received whole within {limits.receive_timeout_s:g} s "
-                        f"({self.decoder.buffered_bytes} bytes of it arrived)",
-                        status=408,
-                        fatal=True,
-                    )
-                )
-            return
-        self.partial_frames = -1
-        if not self.in_flight and now - self.active_at >= limits.idle_timeout_s:
-            self.closed = True
-            transport.close()
+        super().check_timeouts(now)
 
 
-class TcpFrontEnd:
-    """The listening socket, its connections, and the sweeper (``FrontEnd`` in app.py)."""
+class TcpFrontEnd(Listener[TcpConnection]):
+    """The listening socket, its connections and the sweeper (``Listener``; ``FrontEnd`` in
+    app.py), the request tasks, and the caches shared by its connections."""
 
     def __init__(self, service: InferenceService, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(service.limits)
         self.service = service
         self.loop = loop
-        self.port = 0
-        self.connections: set[TcpConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.Task[None] | None = None
         self._plans: dict[bytes, _Plan] = {}
         self.responses = ResponseEncoder()
-        limits = service.limits
-        # a quarter of the shortest timeout (guessed): a limit is enforced within 1.25x of itself
-        self.sweep_interval_s = min(1.0, max(0.01, min(limits.receive_timeout_s, limits.idle_timeout_s) / 4))
 
-    async def start(self, host: str, port: int) -> None:
-        self._server = await self.loop.create_server(
-            lambda: TcpConnection(self), host, port, reuse_address=True, backlog=1024
-        )
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        self._sweeper = self.loop.create_task(self._sweep_forever())
+    def _connection(self) -> TcpConnection:
+        return TcpConnection(self)
 
     def plan(self, raw: bytes) -> _Plan:
         """Decoded and shape-checked request metadata; cached by its bytes (a client sends the same
@@ -397,40 +333,16 @@ class TcpFrontEnd:
         plan.runtime = rt
         return checked
 
-    async def _sweep_forever(self) -> None:
-        limits = self.service.limits
-        while True:
-            await asyncio.sleep(self.sweep_interval_s)
-            now = self.loop.time()
-            for conn in list(self.connections):
-                conn.sweep(now, limits)
-
-    async def stop_listening(self) -> None:
-        if self._server is not None:
-            self._server.close()
-
-    async def close(self) -> None:
-        await self.stop_listening()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-        for conn in list(self.connections):
-            conn.closed = True
-            if conn.transport is not None:
-                conn.transport.close()
+    async def _cancel_requests(self) -> None:
         tasks = list(self.tasks)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
 
 
 async def start_tcp(service: InferenceService, host: str, port: int) -> TcpFrontEnd:
     """Listen on ``host:port`` (0: any free port; see ``.port``)."""
     front = TcpFrontEnd(service, asyncio.get_running_loop())
-    await front.start(host, port)
+    await front.listen(host, port)
     return front

@@ -1,7 +1,7 @@
 """KServe V2 over gRPC: ``inference.GRPCInferenceService`` on grpc.aio, for tritonclient.grpc and
 perf_analyzer unchanged.
 
-Every rpc of ``proto/grpc_service.proto`` is served (the handler table is built from the .proto's
+Every rpc of ``protocols/proto/grpc_service.proto`` is served (the handler table is built from the .proto's
 service, so a new rpc without a handler fails at start-up); anything else (shared memory, trace,
 streaming) is answered UNIMPLEMENTED by grpc. Messages travel as the generated protobuf classes; the
 service is registered under Triton's wire name, so clients call ``/inference.GRPCInferenceService/…``.
@@ -30,7 +30,6 @@ Shutdown order (driven by ``ServerApp.shutdown``)
 import asyncio
 import math
 import re
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,28 +39,29 @@ import numpy as np
 from google.protobuf import json_format
 
 from lumenrt.engine.request import Array
+from lumenrt.ingress.errors import GRPC_CODES, as_server_error
+from lumenrt.ingress.service import InferenceService, WireInput
 from lumenrt.protocols import dtypes
-from lumenrt.server.errors import GRPC_CODES, ServerError, as_server_error, bad_request
-from lumenrt.server.parameters import (
+from lumenrt.protocols.errors import ServerError, bad_request
+from lumenrt.protocols.parameters import (
     grpc_values,
     input_parameters,
     output_parameters,
     refuse_load_parameters,
     request_parameters,
 )
-from lumenrt.server.service import InferenceService, WireInput
-from lumenrt.server.tensors import check_datatype, check_shape, from_raw, to_raw
+from lumenrt.protocols.raw import from_raw, to_raw
+from lumenrt.protocols.tensors import check_datatype, check_shape
 
 try:
-    import lumenrt.server.proto.grpc_service_pb2 as pb
+    import lumenrt.protocols.proto.grpc_service_pb2 as pb
 except ImportError as exc:  # pragma: no cover - a source tree that was never built
     raise ImportError(
-        "lumenrt.server.proto.grpc_service_pb2 is generated when the package is built; "
+        "lumenrt.protocols.proto.grpc_service_pb2 is generated when the package is built; "
         "rebuild with `pip install --no-build-isolation -e .`"
     ) from exc
 
 SERVICE_NAME = "inference.GRPCInferenceService"  # the wire name Triton's clients call
-_LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 # InferTensorContents field for each datatype, and the dtype protobuf holds it in.
 _CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
@@ -78,7 +78,6 @@ _CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
     "FP64": ("fp64_contents", np.dtype(np.float64)),
     "BYTES": ("bytes_contents", np.dtype(np.object_)),
 }
-_DATATYPE_OF: dict[np.dtype[Any], str] = {}  # output dtype -> V2 name, filled as outputs are seen
 
 
 def _status(err: ServerError) -> grpc.StatusCode:
@@ -146,7 +145,7 @@ def _decode_inputs(request: Any, max_elements: int, model: str) -> list[WireInpu
         if raw:
             if tensor.HasField("contents"):
                 raise bad_request(f"{where}: has contents, but the request sends raw_input_contents")
-            array = from_raw(raw[i], datatype, shape, where)
+            array = from_raw(raw[i], datatype, shape, where, bad_request)
         else:
             array = _from_contents(tensor.contents, datatype, shape, where)
         out.append(WireInput(name, datatype, shape, array))
@@ -163,19 +162,6 @@ def _requested_outputs(request: Any, model: str) -> list[str] | None:
             output_parameters(grpc_values(out.parameters), where)
         names.append(out.name)
     return names
-
-
-def _datatype(array: Array) -> str:
-    name = _DATATYPE_OF.get(array.dtype)
-    if name is None:
-        name = _DATATYPE_OF[array.dtype] = dtypes.from_numpy(array.dtype)
-    return name
-
-
-def _raw(array: Array) -> bytes:
-    if _LITTLE_ENDIAN_HOST and array.dtype.kind in "biuf" and array.dtype.isnative:
-        return array.tobytes()  # one copy, row-major, whatever the strides
-    return bytes(to_raw(array))
 
 
 # ---- the servicer ---------------------------------------------------------------------------------
@@ -259,8 +245,9 @@ class GrpcServicer:
         add_output = response.outputs.add  # add() fills in place; a list of messages would be copied
         raw = response.raw_output_contents
         for name, array in outcome.outputs:
-            add_output(name=name, datatype=_datatype(array), shape=array.shape)
-            raw.append(_raw(array))
+            datatype, data = to_raw(array)
+            add_output(name=name, datatype=datatype, shape=array.shape)
+            raw.append(data if type(data) is bytes else bytes(data))  # protobuf holds bytes: one copy
         for key, value in outcome.parameters.items():
             response.parameters[key].int64_param = value
         return response

@@ -1,5 +1,5 @@
 """The HTTP/1.x request headers that change what the body or the request means, and the bounded
-decoder of a compressed body (no I/O: ``http_server`` calls these from its parser callbacks).
+decoder of a compressed body (no I/O: ``lumenrt.ingress.http_server`` calls these from its parser callbacks).
 
 Every such header is honoured or refused with a status and a message that names it, never passed
 over. Per header (RFC 9110 and 9112):
@@ -38,7 +38,7 @@ over. Per header (RFC 9110 and 9112):
 import zlib
 from dataclasses import dataclass
 
-from lumenrt.server.errors import ServerError, bad_request
+from lumenrt.protocols.errors import ServerError, bad_request
 
 DECODED_CODINGS = {"gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate"}  # Content-Encoding -> ours
 ACCEPTED_ENCODINGS = b"gzip, deflate"  # the Accept-Encoding sent with a 415

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lumenrt.server.service import ServeLimits
+from lumenrt.ingress.service import ServeLimits
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "tcp": 8003}
 # Workers of `lumenrt serve` sleep at once when idle, unlike the in-process engine's 50 us poll: the
@@ -166,7 +166,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"lumenrt serve: {exc}", file=sys.stderr)
         return 2
-    from lumenrt.server.app import new_event_loop
+    from lumenrt.ingress.app import new_event_loop
 
     loop = new_event_loop()
     try:
@@ -177,7 +177,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits) -> int:
     from lumenrt.engine.engine import Engine
-    from lumenrt.server.app import ServeOptions, ServerApp
+    from lumenrt.ingress.app import ServeOptions, ServerApp
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

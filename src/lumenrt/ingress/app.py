@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lumenrt.engine.engine import Engine
-from lumenrt.server.service import InferenceService, ServeLimits
+from lumenrt.ingress.service import InferenceService, ServeLimits
 
 
 class FrontEnd(Protocol):
@@ -60,15 +60,15 @@ class ServerApp:
         opts = self.options
         try:
             if opts.http_port is not None:
-                from lumenrt.server.http_server import start_http
+                from lumenrt.ingress.http_server import start_http
 
                 self.front_ends["http"] = await start_http(self.service, opts.host, opts.http_port)
             if opts.grpc_port is not None:
-                from lumenrt.server.grpc_server import start_grpc
+                from lumenrt.ingress.grpc_server import start_grpc
 
                 self.front_ends["grpc"] = await start_grpc(self.service, opts.host, opts.grpc_port)
             if opts.tcp_port is not None:
-                from lumenrt.server.tcp_server import start_tcp
+                from lumenrt.ingress.tcp_server import start_tcp
 
                 self.front_ends["tcp"] = await start_tcp(self.service, opts.host, opts.tcp_port)
         except BaseException:

@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from lumenrt import __version__
 from lumenrt.engine.engine import Engine, InferResult
-from lumenrt.engine.request import Array, StageTimes
-from lumenrt.server.errors import ServerError, as_server_error, bad_request, not_found, unavailable
-from lumenrt.server.parameters import TIMING_PARAMETER as TIMING_PARAMETER  # re-exported
+from lumenrt.engine.request import Array, InferRequest, StageTimes
+from lumenrt.ingress.errors import as_server_error, not_found, unavailable
+from lumenrt.protocols.errors import ServerError, bad_request
 
 SERVER_NAME = "lumenrt"
 EXTENSIONS = (
@@ -70,6 +70,23 @@ class _Counters:
     fail_count: int = 0
     fail_ns: int = 0
     last_inference_ms: int = 0
+
+
+class PendingAnswer(Protocol):
+    """A front end's record of one request submitted with ``InferenceService.submit``."""
+
+    runtime: Any
+    outputs: list[str]
+    timing: bool
+    received_ns: int
+
+    def answer(self, outcome: "InferOutcome") -> None:
+        """Encode and write the answer (before returning: the outputs are released after)."""
+        ...
+
+    def fail(self, error: ServerError) -> None:
+        """Write the error as the answer."""
+        ...
 
 
 @dataclass(slots=True)
@@ -366,6 +383,53 @@ class InferenceService:
             raise as_server_error(exc) from None
         finally:
             self._done(rt, start, ok)
+
+    def submit(self, pending: "PendingAnswer", arrays: Mapping[str, Array], timeout_s: float | None) -> None:
+        """Queue one request from the event loop without a Task or Future: the engine calls back
+        on this thread once it is answered, and ``pending.answer(outcome)`` or
+        ``pending.fail(error)`` runs exactly once, then the request's record is released.
+        ``pending`` is the front end's own record of the request (runtime, outputs, timing,
+        received_ns). Raises ServerError when it is refused at once (then no call back)."""
+        self._admit()
+        try:
+            self.engine.submit_callback(pending.runtime, arrays, self._answered, pending, timeout_s=timeout_s)
+        except Exception as exc:
+            self._done(pending.runtime, pending.received_ns or time.monotonic_ns(), False)
+            raise as_server_error(exc) from None
+
+    def _answered(self, req: InferRequest) -> None:
+        """The engine's call back for ``submit`` (event loop thread): one answer, then release.
+        The front end's ``answer`` encodes before it returns, so the outputs (in the request's
+        record, or its arena slot) are released only after."""
+        pending: PendingAnswer = req.context
+        rt = pending.runtime
+        start = pending.received_ns or req.times.received_ns
+        outcome: InferOutcome | None = None
+        failure: ServerError | None = None
+        try:
+            if req.error is not None:
+                failure = as_server_error(req.error)
+            else:
+                assert req.outputs is not None
+                outputs, times = req.outputs, req.times
+                times.received_ns = start
+                params: dict[str, Any] = {}
+                if pending.timing:
+                    params = {f"lumenrt_{k}": v for k, v in timing_parameters(times).items()}
+                outcome = InferOutcome(
+                    rt.config.name, rt.version, [(n, outputs[n]) for n in pending.outputs], times, params
+                )
+        except Exception as exc:
+            failure = as_server_error(exc)
+        self._done(rt, start, failure is None)
+        try:
+            if outcome is not None:
+                pending.answer(outcome)
+            else:
+                assert failure is not None
+                pending.fail(failure)
+        finally:
+            rt.release(req)
 
     def infer_inline(
         self,

@@ -1,26 +1,15 @@
 """The errors a request is answered with, and their status on each protocol.
 
 Every front end (HTTP, gRPC, the binary TCP protocol) answers a failed request with one
-:class:`ServerError`: an HTTP status and a message that names the problem (the field, the model,
-the limit). Engine errors carry their own status; anything else unexpected is a 500.
+:class:`~lumenrt.protocols.errors.ServerError`: an HTTP status and a message that names the problem
+(the field, the model, the limit). Engine errors carry their own status; anything else unexpected is
+a 500.
 """
 
 from lumenrt.engine.config import ConfigError
 from lumenrt.engine.repository import ModelNotFound
 from lumenrt.engine.request import EngineError
-
-
-class ServerError(Exception):
-    """A request answered with an error: ``status`` is the HTTP status code."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def bad_request(message: str) -> ServerError:
-    return ServerError(400, message)
+from lumenrt.protocols.errors import ServerError
 
 
 def not_found(message: str) -> ServerError:

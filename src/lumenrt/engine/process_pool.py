@@ -1,0 +1,495 @@
+"""The process pool: a model's workers as processes over the model's shared region.
+
+The runtime's region is an unnamed memfd here (runtime.py), handed to each worker at spawn. The
+pool adds to it the completion ring, one hold per worker, a cancel flag per request record and a
+status table. Threads in the engine process, beside the callers:
+  - the completion thread: the only one that completes asynchronous requests; it reads each
+    answer out of its slot and ignores duplicate notices (generation + finished flag);
+    synchronous callers are answered by the worker itself (status in the slot, their latch set)
+    and read the answer in their own thread (``collect``);
+  - the supervisor: it spawns every worker, so their parent-death signal (SIGKILL) is tied to a
+    thread that outlives them; when a worker dies it reports what the worker held (its hold, and
+    any claim the ring recovers) to the completion ring as WORKER_DIED notices and, unless
+    shutdown began, starts a replacement, retrying with backoff while replacements fail.
+
+Invariants (beside runtime.py's)
+  1. Every request a worker took is answered exactly once: by the worker (a result or a clear
+     error), by the supervisor when the worker dies (WorkerDied), or by ``close`` when the runtime
+     ends before it ran (ModelNotReady).
+  2. The pool is ready only while every worker is alive and has loaded.
+  3. The supervisor never dies: an error while replacing is reported and retried with backoff.
+  4. No replacement starts once ``stopping`` is set (shutdown began); dead workers' requests are
+     still failed.
+  5. Only the supervisor reaps worker processes; ``close`` waits on their sentinels and kills.
+
+Shutdown order (the runtime has set closed and stopping, and closed the request ring)
+  1. kill workers still loading (they hold nothing); the others drain the ring and exit; wait for
+     them (kill after the grace period);
+  2. stop the supervisor (it reaps the workers and fails what any killed one held); close the
+     completion ring; the completion thread drains and ends;
+  3. fail whatever is still unanswered; then (``release_memory``) unmap the region and close its
+     descriptor.
+"""
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lumenrt.backends.base import Backend, Placement
+from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.descriptors import (
+    CANCELLED,
+    FAILED,
+    FROM_SUPERVISOR,
+    OK,
+    TIMED_OUT,
+    WORKER_DIED,
+    completion_code,
+    completion_generation,
+    completion_source,
+    push_completion,
+    ring_capacity,
+)
+from lumenrt.engine.execute import CANCELLED_MESSAGE, timed_out_message
+from lumenrt.engine.process_worker import READY, STARTING, STATUS_COLS, WorkerSpec, worker_main
+from lumenrt.engine.request import (
+    EngineError,
+    InferRequest,
+    ModelNotReady,
+    RequestCancelled,
+    RequestTimeout,
+    WorkerDied,
+)
+from lumenrt.engine.slot_layout import header, read_error, read_tensors
+from lumenrt.engine.worker import WorkerStats
+from lumenrt.native import (
+    DESC_DTYPE,
+    HOLD_DONE,
+    HOLD_HEADER_BYTES,
+    Latches,
+    Layout,
+    PassedFd,
+    Region,
+    Ring,
+    RingClosed,
+    create_unnamed,
+    hold_init,
+    hold_required_bytes,
+    latches_required_bytes,
+    ring_required_bytes,
+)
+
+if TYPE_CHECKING:
+    from lumenrt.engine.runtime import ModelRuntime
+
+SPAWN = multiprocessing.get_context("spawn")  # workers start clean: no inherited threads or locks
+# Replacement backoff after a worker that died while loading: 0.1 s doubling to 5 s (guessed: a
+# model that fails to load keeps failing; a transient failure, e.g. memory, clears in seconds).
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
+START_TIMEOUT_S = 120.0  # a worker that has not loaded by then is killed and retried
+
+log = logging.getLogger("lumenrt.engine")
+
+
+def _hold_capacity(config: ModelConfig) -> int:
+    return 4 * max(config.max_batch_size, 1) + 16  # unfinished at once <= a batch + its carry-over
+
+
+def _hold_bytes(config: ModelConfig) -> int:
+    return (hold_required_bytes(_hold_capacity(config)) + 63) & ~63
+
+
+class ProcessPool:
+    @staticmethod
+    def add_sections(lay: Layout, config: ModelConfig, table_size: int, n_workers: int) -> None:
+        """The completion ring, the holds, the cancel flags and the status table."""
+        lay.add(ring_required_bytes(ring_capacity(2 * table_size)), name="completions")
+        lay.add(_hold_bytes(config) * n_workers, name="holds")
+        lay.add(table_size, name="cancel")
+        lay.add(n_workers * STATUS_COLS * 8, name="status")
+
+    @staticmethod
+    def create_region(size_bytes: int, model_name: str) -> tuple[Region, int]:
+        """A memfd the workers receive at spawn (nothing in /dev/shm to unlink)."""
+        return create_unnamed(size_bytes, tag=f"model-{model_name}"[:60])
+
+    def __init__(
+        self, runtime: "ModelRuntime", *, backend: Backend, model_path: Path, placements: list[Placement]
+    ) -> None:
+        self._rt = runtime
+        config = runtime.config
+        self.config = config
+        region, offsets = runtime.region, runtime._offsets
+        n = self.size = len(placements)
+        table_size = len(runtime.table.records)
+        hold_capacity, hold_bytes = _hold_capacity(config), _hold_bytes(config)
+        self._completions = Ring.create(
+            region, "mpmc", ring_capacity(2 * table_size), offset=offsets["completions"]
+        )
+        self._completions.spin_ns = 0  # this process's handle: the completion thread polls
+        self._signal: list[int] = []  # completed by the completion thread, latches set at its next pop
+        for i in range(n):
+            hold_init(region, offsets["holds"] + i * hold_bytes, hold_capacity)
+        self._cancel = np.ndarray(table_size, np.uint8, buffer=memoryview(region), offset=offsets["cancel"])
+        self._status = np.ndarray(
+            (n, STATUS_COLS), np.int64, buffer=memoryview(region), offset=offsets["status"]
+        )
+        self._status[:] = 0
+        self._holds = [
+            np.ndarray(
+                hold_capacity,
+                DESC_DTYPE,
+                buffer=memoryview(region),
+                offset=offsets["holds"] + i * hold_bytes + HOLD_HEADER_BYTES,
+            )
+            for i in range(n)
+        ]
+        self._specs = [
+            WorkerSpec(
+                memory=PassedFd(runtime._fd),
+                memory_bytes=len(memoryview(region)),
+                parent_pid=os.getpid(),
+                offsets=offsets,
+                config=config,
+                model_path=model_path,
+                placement=p,
+                index=i,
+                n_workers=n,
+                pin=runtime.options.pin,
+                hold_capacity=hold_capacity,
+                hold_bytes=hold_bytes,
+                table_size=table_size,
+                spin_ns=runtime.options.spin_us * 1000,
+            )
+            for i, p in enumerate(placements)
+        ]
+        self._procs: list[Any] = [None] * n
+        self._stop_r, self._stop_w = multiprocessing.Pipe(duplex=False)
+        self._completer = threading.Thread(
+            target=self._complete_loop, name=f"lumenrt-{config.name}-done", daemon=True
+        )
+        self._supervisor = threading.Thread(
+            target=self._supervise, name=f"lumenrt-{config.name}-supervisor", daemon=True
+        )
+        self._spawned = threading.Event()  # the supervisor started every worker (or failed to)
+        self._spawn_error: BaseException | None = None
+        self._started = False  # start() returned: deaths from now on are replaced
+        self.stopping = False  # shutdown began: no worker is replaced any more
+        self._closed = False
+        # per-request statistics as the thread pool keeps them, added up where answers are read:
+        # one WorkerStats per reading thread (the completion thread, synchronous callers), so each
+        # has one writer; with it, request rows by the size of the batch they ran in
+        self._reader_stats: dict[int, tuple[WorkerStats, dict[int, int]]] = {}
+        self.worker_deaths = 0
+        self.replacement_failures = 0
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def _spawn(self, i: int) -> None:
+        """Supervisor thread only (the workers' parent-death signal follows the spawning thread)."""
+        self._status[i, :2] = (0, STARTING)
+        proc = SPAWN.Process(
+            target=worker_main, args=(self._specs[i],), name=f"lumenrt-{self.config.name}-w{i}", daemon=True
+        )
+        proc.start()
+        self._procs[i] = proc
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the workers and wait until every one has loaded its model."""
+        self._completer.start()
+        self._supervisor.start()
+        self._spawned.wait()
+        if self._spawn_error is not None:
+            raise EngineError(
+                f"model {self.config.name!r}: could not start its workers: {self._spawn_error}"
+            ) from self._spawn_error
+        deadline = time.monotonic() + timeout_s
+        while not all(self._status[i, 1] == READY for i in range(len(self._specs))):
+            for i, p in enumerate(self._procs):
+                if p.exitcode is not None or not p.is_alive():
+                    raise EngineError(
+                        f"model {self.config.name!r}: worker {i} exited while loading "
+                        f"(exit code {p.exitcode}); see its error above"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"model {self.config.name!r}: workers did not load within {timeout_s} s")
+            time.sleep(0.005)
+        self._started = True
+
+    @property
+    def ready(self) -> bool:
+        status = self._status
+        return (
+            not self._closed
+            and status is not None
+            and all(p is not None and p.is_alive() for p in self._procs)
+            and bool(np.all(status[:, 1] == READY))
+        )
+
+    def stop(self) -> None:
+        """Shutdown began: workers that die from now on are not replaced (what they held still
+        fails at once)."""
+        self.stopping = True
+
+    def close(self, timeout_s: float) -> None:
+        """Steps 1-3 of the shutdown order (see the top); the request ring is closed."""
+        self._closed = True
+        for i, p in enumerate(self._procs):  # still loading: it holds no request, and would only
+            if p is not None and p.pid is not None and self._status[i, 1] == STARTING:  # see the
+                p.kill()  # closed ring once its model has loaded
+        self._wait_workers(timeout_s)
+        for p in self._procs:
+            if p is not None and p.pid is not None and not multiprocessing.connection.wait([p.sentinel], 0):
+                p.kill()  # a signal only: the supervisor reaps it and fails what it held
+        self._wait_workers(5)
+        self._stop_w.send(b"x")
+        if self._supervisor.is_alive():
+            self._supervisor.join(15)
+        self._completions.close()
+        if self._completer.is_alive():
+            self._completer.join(10)
+        self._fail_unfinished()
+
+    def release_memory(self) -> None:
+        """Unmap the region and close its descriptor. Latches move to private memory, all set, so
+        a late waiter returns at once; the arena goes (a later release frees no slot)."""
+        rt = self._rt
+        self._cancel = self._status = None  # type: ignore[assignment]
+        self._holds = []
+        rt.arena = None
+        records = len(rt.table.records)
+        rt.table.latches = Latches.create(Region.anonymous(latches_required_bytes(records)), records)
+        del self._completions
+        del rt.ring
+        rt.region.close()
+        os.close(rt._fd)
+        self._stop_r.close()
+        self._stop_w.close()
+
+    def _wait_workers(self, timeout_s: float) -> None:
+        """Until every started worker has exited or ``timeout_s`` passed (sentinels only: the
+        supervisor reaps)."""
+        deadline = time.monotonic() + timeout_s
+        pending = {p.sentinel for p in self._procs if p is not None and p.pid is not None}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for s in multiprocessing.connection.wait(list(pending), left):
+                pending.discard(s)
+
+    def _fail_unfinished(self) -> None:
+        table = self._rt.table
+        for req in table.records:
+            answered = req.on_done is None and table.latches.is_set(req.index)
+            if req.generation and not req.finished and req.times.enqueued_ns and not answered:
+                req.finished = True
+                req.error = ModelNotReady(f"model {self.config.name!r} unloaded before the request ran")
+                table.complete_now(req)
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def admitted(self, req: InferRequest) -> None:
+        self._cancel[req.index] = 0
+
+    def collect(self, req: InferRequest) -> None:
+        """A synchronous request whose latch is set: if the worker answered it itself (not the
+        supervisor through the completion thread), read the answer from its slot."""
+        if req.finished:
+            return
+        req.finished = True
+        arena = self._rt.arena
+        assert arena is not None
+        slot_view = arena.view(req.slot)
+        code = int(header(slot_view)["status"])
+        del slot_view
+        self._read_result(req, code, from_supervisor=False)
+
+    def cancel(self, req: InferRequest) -> None:
+        cancel = self._cancel
+        if cancel is not None:
+            cancel[req.index] = 1
+
+    # ---- completion and supervision (threads) ----------------------------------------------
+
+    def _complete_loop(self) -> None:
+        table = self._rt.table
+        records, latches, signal = table.records, table.latches, self._signal
+        try:
+            while True:
+                try:  # sets the latches of what the last round completed, GIL released
+                    items = self._completions.pop_many(64, latches=latches, signal=signal)
+                except RingClosed:
+                    return
+                for item in items:
+                    req = records[item.request_id]
+                    if req.generation != completion_generation(item) or req.finished:
+                        continue  # a duplicate (worker pushed, then died before marking its hold)
+                    if req.on_done is None and latches.is_set(req.index):
+                        continue  # a sync request the worker answered itself before it died
+                    req.finished = True
+                    self._read_result(req, completion_code(item), completion_source(item) == FROM_SUPERVISOR)
+                    table.complete(req, signal)
+        finally:
+            for index in signal:
+                latches.set(index)
+            signal.clear()
+
+    def _read_result(self, req: InferRequest, code: int, from_supervisor: bool) -> None:
+        """Outputs or error out of the slot into the request (the slot is freed at release)."""
+        arena = self._rt.arena
+        assert arena is not None
+        slot_view = arena.view(req.slot)
+        t = req.times
+        if not from_supervisor:
+            h = header(slot_view)
+            t.dequeued_ns = int(h["dequeued_ns"])
+            t.batch_formed_ns = t.compute_start_ns = int(h["compute_start_ns"])
+            t.compute_end_ns = int(h["compute_end_ns"])
+            t.batch_size = int(h["batch_rows"])
+            self._count(req, code)
+        if code == OK:
+            req.outputs = {k: v.copy() for k, v in read_tensors(slot_view, self.config, outputs=True).items()}
+        elif code == TIMED_OUT:
+            req.error = RequestTimeout(timed_out_message(t.dequeued_ns - t.enqueued_ns))
+        elif code == CANCELLED:
+            req.error = RequestCancelled(CANCELLED_MESSAGE)
+        elif code == FAILED:
+            req.error = EngineError(read_error(slot_view))
+        else:
+            req.error = WorkerDied(
+                f"model {self.config.name!r}: the worker running this request died; it was not answered"
+            )
+        del slot_view
+        t.completed_ns = time.monotonic_ns()
+
+    def _count(self, req: InferRequest, code: int) -> None:
+        """This reading thread's statistics for one answer from a worker (see ``__init__``)."""
+        mine = self._reader_stats.get(threading.get_ident())
+        if mine is None:
+            mine = self._reader_stats.setdefault(threading.get_ident(), (WorkerStats(), {}))
+        stats, rows_seen = mine
+        t = req.times
+        if code == TIMED_OUT:
+            stats.expired += 1
+        elif code == CANCELLED:
+            stats.cancelled += 1
+        elif code == FAILED:
+            stats.failures += 1
+        elif code == OK:
+            stats.queue_ns += t.dequeued_ns - t.enqueued_ns
+            stats.input_ns += t.compute_start_ns - t.dequeued_ns
+            stats.infer_ns += t.compute_end_ns - t.compute_start_ns
+            stats.output_ns += time.monotonic_ns() - t.compute_end_ns
+            rows_seen[t.batch_size] = rows_seen.get(t.batch_size, 0) + req.rows
+
+    def _supervise(self) -> None:
+        """The supervisor thread (see the top): spawns, watches, fails, replaces, reaps."""
+        try:
+            for i in range(len(self._specs)):
+                self._spawn(i)
+        except BaseException as e:
+            self._spawn_error = e
+        finally:
+            self._spawned.set()
+        failures = [0] * len(self._specs)  # deaths while loading in a row, per worker
+        retry_at: dict[int, float] = {}  # worker -> when to start its replacement
+        dead: set[int] = set()  # reported dead, not (yet) replaced
+        while True:
+            try:
+                sentinels = {
+                    p.sentinel: i
+                    for i, p in enumerate(self._procs)
+                    if p is not None and p.pid is not None and i not in dead
+                }
+                timeout = max(0.0, min(retry_at.values()) - time.monotonic()) if retry_at else None
+                ready = multiprocessing.connection.wait([*sentinels, self._stop_r], timeout)
+                if self._stop_r in ready:
+                    break
+                for s in ready:
+                    i = sentinels[s]
+                    loaded = self._status[i, 1] == READY
+                    self._procs[i].join(1)
+                    dead.add(i)
+                    self._report_death(i)
+                    # during start() only a worker that had loaded is replaced: one that died
+                    # loading is start()'s to report
+                    if not self.stopping and (self._started or loaded):
+                        failures[i] = 0 if loaded else failures[i] + 1
+                        delay = 0.0 if loaded else min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (failures[i] - 1))
+                        if not loaded:
+                            self.replacement_failures += 1
+                            log.warning(
+                                "model %r: replacement worker %d exited while loading (exit code %s); "
+                                "retrying in %.1f s",
+                                self.config.name,
+                                i,
+                                self._procs[i].exitcode,
+                                delay,
+                            )
+                        retry_at[i] = time.monotonic() + delay
+                now = time.monotonic()
+                for i in [i for i, at in retry_at.items() if at <= now]:
+                    del retry_at[i]
+                    if self.stopping:
+                        continue
+                    try:
+                        self._spawn(i)
+                        dead.discard(i)
+                    except Exception as e:  # e.g. out of memory or processes: try again later
+                        failures[i] += 1
+                        self.replacement_failures += 1
+                        retry_at[i] = time.monotonic() + min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** failures[i])
+                        log.warning(
+                            "model %r: could not start worker %d: %s; retrying", self.config.name, i, e
+                        )
+                if self.stopping:
+                    retry_at.clear()
+            except Exception:  # never dies (invariant 3): report and go on
+                log.exception("model %r: supervisor error (continuing)", self.config.name)
+                time.sleep(0.1)
+        for i, p in enumerate(self._procs):  # close() has ended them: reap, fail what they held
+            if p is not None and p.pid is not None and i not in dead:
+                p.join(5)
+                if p.exitcode is not None and self._holds:
+                    self._report_death(i)
+
+    def _report_death(self, i: int) -> None:
+        """Worker i is gone: fail what it held (WORKER_DIED notices to the completion thread)."""
+        if not self._closed:
+            self.worker_deaths += 1
+        notices = {(int(item.request_id), int(item.slot), int(item.aux1)) for item in self._rt.ring.recover()}
+        hold = self._holds[i]
+        for entry in hold[hold["request_id"] != HOLD_DONE]:
+            notices.add((int(entry["request_id"]), int(entry["slot"]), int(entry["aux1"])))
+        for index, slot, generation in notices:
+            push_completion(self._completions, index, slot, WORKER_DIED, generation, FROM_SUPERVISOR)
+        self._completions.recover()
+        hold["request_id"] = HOLD_DONE
+
+    # ---- statistics -------------------------------------------------------------------------
+
+    def statistics(self, total: WorkerStats) -> dict[str, Any]:
+        """Per-request figures from the reading threads; requests and batches from the workers'
+        status rows; plus deaths, replacement failures and pids."""
+        rows_seen: dict[int, int] = {}
+        for stats, seen in list(self._reader_stats.values()):
+            total.add(stats)
+            for size, rows in list(seen.items()):
+                rows_seen[size] = rows_seen.get(size, 0) + rows
+        status = self._status
+        total.requests = int(status[:, 2].sum()) if status is not None else 0
+        total.batches = int(status[:, 3].sum()) if status is not None else 0
+        total.batch_rows = {size: rows // size for size, rows in rows_seen.items() if size > 0}
+        return {
+            "worker_deaths": self.worker_deaths,
+            "replacement_failures": self.replacement_failures,
+            "pids": [int(p.pid) if p is not None and p.pid else 0 for p in self._procs],
+        }

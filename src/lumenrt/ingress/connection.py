@@ -1,0 +1,318 @@
+"""Connection handling shared by the HTTP and binary TCP front ends: read-side and write-side flow
+control, the receive, idle and stalled-client timeouts, and the one sweeper that enforces them.
+
+A front end's protocol class subclasses :class:`Connection` and its listener subclasses
+:class:`Listener`. The protocol keeps its parsing and its answers; it tells this module what only
+it knows through hooks: whether a request is being served (``_serving``), which message is partly
+received (``_partial``), what to send when one times out (``_receive_timed_out``), how to hold and
+release input it already has around a read pause (``_hold_input``/``_release_input``), and what to
+do once the write buffer drains (``_writes_resumed``). A front end sets ``load_paused`` through
+``_pause_for_load``/``_resume_for_load`` at its own limits, and its ``data_received`` begins with
+``self.received += 1``.
+
+Invariants
+  1. Reading is paused while either of two reasons holds, each its own flag: too many requests in
+     flight or queued on the connection (``load_paused``: set and cleared by the front end at its
+     own limits) and the transport's write buffer over its high-water mark (``write_paused``:
+     asyncio's ``pause_writing`` .. ``resume_writing``). Reading resumes only once neither holds;
+     clearing one never undoes the other. ``reading_paused`` is the transport's actual state, so
+     a pause or resume reaches the transport once per change, not once per reason.
+  2. Once ``closing`` (closed or aborted by us, half-closed after a fatal error, or lost) no answer
+     is written and reading is never paused again (a closing connection that must drain its input
+     keeps reading: ``_read_while_closing``).
+  3. The hot path keeps no time: ``data_received`` bumps ``received`` and a message's start or end
+     bumps a protocol counter; no clock is read, no timer armed and nothing allocated per request.
+     Clocks are read by the sweeper and on rare events only (a pause, a resume, a close).
+  4. One sweeper task per front end walks its live connections every ``sweep_interval_s`` (a
+     quarter of the shortest timeout). A timeout's clock starts at the sweep that sees its cause,
+     so it fires less than two intervals late (the shortest within 1.25x of itself). A connection
+     is in ``Listener.connections`` from ``connection_made`` to ``connection_lost``.
+     ``check_timeouts`` applies the first that matches:
+       a. closing, its last answers still buffered: aborted when the buffer did not shrink for
+          ``idle_timeout_s`` (the client never reads them);
+       b. writes paused: aborted, buffered and queued answers dropped, when the buffer did not
+          shrink for ``idle_timeout_s`` while nothing was being served: the client stopped
+          reading. A slow reader shrinks it between sweeps and is left alone;
+       c. reading paused for load: no clock runs (the server is the one waiting);
+       d. a message partly received: the protocol's receive-timeout answer once the same message
+          is still incomplete ``receive_timeout_s`` after the first sweep (or read resume) that saw
+          it. The receive clock stops while reading is paused and restarts when it resumes;
+       e. idle (nothing received, nothing served, nothing partly received) for ``idle_timeout_s``:
+          closed gracefully, answers already written flushed first.
+     Something received, or a request being served, restarts the activity clock at the sweep that
+     sees it.
+  5. Everything runs on the loop's thread: no locks; the engine calls back through the loop.
+
+Shutdown order (``Listener.close``, after ``ServerApp.shutdown`` stopped accepting requests and
+waited up to ``grace_s`` for those in flight):
+  1. the listening socket closes: no new connections;
+  2. the sweeper task is cancelled and awaited: no timeout fires part way through shutdown;
+  3. every connection closes: ``closing`` drops later answers, and the transport closes once
+     what is already buffered is flushed;
+  4. the front end ends its own work (``_cancel_requests``: TCP cancels and awaits its request
+     tasks; HTTP lets the engine finish them and drops their answers);
+  5. the listener's ``wait_closed`` is awaited, for at most ``CLOSE_WAIT_S``.
+"""
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
+
+from lumenrt.ingress.service import ServeLimits
+
+CLOSE_WAIT_S = 5.0  # shutdown: the most ``close`` waits for the listener to report closed (guessed)
+
+
+def sweep_interval_s(limits: ServeLimits) -> float:
+    """A quarter of the shortest timeout, within 10 ms .. 1 s (guessed): the shortest limit is
+    enforced within 1.25x of itself, and a server with long timeouts wakes once a second."""
+    return min(1.0, max(0.01, min(limits.receive_timeout_s, limits.idle_timeout_s) / 4))
+
+
+class Connection(asyncio.Protocol):
+    """The flow control and timeouts of one connection (see the module docstring)."""
+
+    def __init__(self, listener: "Listener[Any]", limits: ServeLimits) -> None:
+        self._listener = listener
+        self._clock = listener.clock
+        self.limits = limits
+        self.transport: asyncio.Transport | None = None
+        self.closing = False  # no answer is written any more (invariant 2)
+        self.load_paused = False  # reading paused: too many requests in flight or queued
+        self.write_paused = False  # reading paused: the write buffer is over its high-water mark
+        self.reading_paused = False  # the transport's reading is paused (by either reason)
+        self.received = 0  # chunks received: the hot path's only timekeeping (invariant 3)
+        # sweeper bookkeeping
+        self.active_at = self._clock()  # when the connection was last seen doing something
+        self._received_seen = 0  # ``received`` at the last sweep
+        self._buffer_seen = 0  # write buffer size at the last sweep (or pause or close)
+        self._partial_seen = -1  # ``_partial()`` when its receive clock started; -1: none
+        self._partial_since = 0.0
+
+    # ---- hooks --------------------------------------------------------------------------------
+
+    def _serving(self) -> bool:
+        """A request of this connection is in the engine or being answered: not idle."""
+        raise NotImplementedError
+
+    def _partial(self) -> int:
+        """-1 when no message is partly received, else a number that stays the same while one
+        message arrives and changes once it is whole (a count of messages begun or delivered)."""
+        raise NotImplementedError
+
+    def _receive_timed_out(self) -> None:
+        """A message was not received whole within ``receive_timeout_s``: answer and close."""
+        raise NotImplementedError
+
+    def _hold_input(self) -> None:
+        """Reading pauses: stop delivering input already received (TCP: its frame decoder)."""
+
+    def _release_input(self) -> None:
+        """Reading resumed: deliver what was held (it may pause reading again)."""
+
+    def _writes_resumed(self) -> None:
+        """The write buffer drained under its low-water mark (HTTP: go on with queued requests)."""
+
+    # ---- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._listener.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self._listener.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        """The write buffer is over its high-water mark: read nothing more until it drains."""
+        self.write_paused = True
+        self.active_at = self._clock()  # the stall clock (check_timeouts) starts here
+        if self.transport is not None:
+            self._buffer_seen = self.transport.get_write_buffer_size()
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        """The buffer drained under its low-water mark: the protocol goes on (which may fill it
+        again), then reading resumes unless the load still holds it paused."""
+        self.write_paused = False
+        self.active_at = self._clock()
+        self._writes_resumed()
+        self._resume_reading()
+
+    # ---- flow control (for the front ends) -----------------------------------------------------
+
+    def _pause_for_load(self) -> None:
+        self.load_paused = True
+        self._pause_reading()
+
+    def _resume_for_load(self) -> None:
+        self.load_paused = False
+        self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        transport = self.transport
+        if self.reading_paused or self.closing or transport is None:
+            return
+        self.reading_paused = True
+        self._hold_input()
+        if not transport.is_closing():
+            transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        """Read again once neither reason holds. A message that was arriving when reading paused
+        gets its receive clock restarted: the wait was the server's, not the client's."""
+        transport = self.transport
+        if not self.reading_paused or self.load_paused or self.write_paused or self.closing:
+            return
+        if transport is None or transport.is_closing():
+            return
+        self.reading_paused = False
+        transport.resume_reading()
+        self._release_input()
+        partial = self._partial()
+        if partial >= 0 and not self.reading_paused:
+            self._partial_seen = partial
+            self._partial_since = self._clock()
+
+    def _read_while_closing(self) -> None:
+        """A closing connection that drains its input (so that closing does not reset it) reads
+        whatever held reading paused; nothing pauses it again (invariant 2)."""
+        transport = self.transport
+        if self.reading_paused and transport is not None and not transport.is_closing():
+            self.reading_paused = False
+            transport.resume_reading()
+
+    # ---- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop answering; the transport closes once what is buffered is flushed (the sweeper
+        aborts it if the client does not read that within ``idle_timeout_s``)."""
+        if self.closing or self.transport is None:
+            return
+        self.closing = True
+        self._close_transport()
+
+    def _close_transport(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        self.active_at = self._clock()  # the flush clock (check_timeouts) starts here
+        self._buffer_seen = transport.get_write_buffer_size()
+        transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection now, with every answer buffered or owed."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---- the sweeper's check ------------------------------------------------------------------
+
+    def check_timeouts(self, now: float) -> None:
+        """Invariant 4: ``now`` is the listener's clock, read once per sweep."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self.closing:  # closed by us, its last answers being flushed
+            if self._write_stalled(now, transport):
+                self.abort()
+            return
+        if self.received != self._received_seen:
+            self._received_seen = self.received
+            self.active_at = now
+        serving = self._serving()
+        if serving:
+            self.active_at = now  # the idle clock starts after the request
+        if self.write_paused:
+            if self._write_stalled(now, transport):
+                # abort, since close() would keep the buffer until a client that does not read
+                # has read it
+                self.abort()
+            return
+        if self.load_paused:
+            return
+        partial = self._partial()
+        if partial >= 0:
+            if partial != self._partial_seen:
+                self._partial_seen = partial
+                self._partial_since = now
+            elif now - self._partial_since >= self.limits.receive_timeout_s:
+                self._receive_timed_out()
+            return
+        self._partial_seen = -1
+        if not serving and now - self.active_at >= self.limits.idle_timeout_s:
+            self.close()
+
+    def _write_stalled(self, now: float, transport: asyncio.Transport) -> bool:
+        """True when bytes are buffered and the client read none of them for ``idle_timeout_s``."""
+        size = transport.get_write_buffer_size()
+        if size < self._buffer_seen:
+            self.active_at = now  # the client reads, if slowly
+        self._buffer_seen = size
+        return size > 0 and now - self.active_at >= self.limits.idle_timeout_s
+
+
+C = TypeVar("C", bound=Connection)
+
+
+class Listener(Generic[C]):
+    """A front end's listening socket, its live connections, and their sweeper."""
+
+    def __init__(self, limits: ServeLimits) -> None:
+        self.limits = limits
+        self.port = 0
+        self.connections: set[C] = set()
+        self.sweep_interval_s = sweep_interval_s(limits)
+        self.clock: Callable[[], float] = time.monotonic  # tests drive a fake one
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def _connection(self) -> C:
+        """A protocol instance for a new connection."""
+        raise NotImplementedError
+
+    async def listen(self, host: str, port: int) -> None:
+        """Listen on ``host:port`` (0: any free port; see ``.port``) and start the sweeper."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._connection, host, port, reuse_address=True, backlog=1024
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._sweeper = loop.create_task(self._sweep_forever())
+
+    def sweep(self, now: float) -> None:
+        for conn in list(self.connections):
+            conn.check_timeouts(now)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            self.sweep(self.clock())
+
+    async def stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _cancel_requests(self) -> None:
+        """Shutdown step 4: what the front end still runs for its closed connections."""
+
+    async def close(self) -> None:
+        """The shutdown order in the module docstring."""
+        await self.stop_listening()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for conn in list(self.connections):
+            conn.close()
+        await self._cancel_requests()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), CLOSE_WAIT_S)

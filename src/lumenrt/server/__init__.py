@@ -1,4 +1,0 @@
-"""The server: KServe V2 over HTTP and gRPC and the binary TCP protocol, over one event loop.
-
-``service`` is what every front end shares; ``app`` runs them; ``serve`` is ``lumenrt serve``.
-"""
