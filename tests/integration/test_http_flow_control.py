@@ -109,6 +109,19 @@ def _expect(ok: bool) -> None:
     assert ok
 
 
+def check_in_order(checks: list[Check], answers: list[tuple[int, bytes]]) -> None:
+    """Answer i is request i's; a mismatch names its index and shows its neighbours."""
+    assert len(answers) == len(checks)
+    for i, (status, body) in enumerate(answers):
+        try:
+            checks[i](status, body)
+        except AssertionError:
+            near = [(k, s, b[:80]) for k, (s, b) in enumerate(answers) if abs(k - i) <= 3]
+            raise AssertionError(
+                f"answer {i} is not its request's: {status} {body[:200]!r}; near: {near}"
+            ) from None
+
+
 def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
     """One response (status, body); ``buf`` carries the bytes read past it."""
     while b"\r\n\r\n" not in buf:
@@ -251,8 +264,7 @@ def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(pat
             assert not sender.is_alive() and sender.error is None
         finally:
             sampler.stop()
-        for i, (status, body) in enumerate(answers):
-            checks[i](status, body)  # in order: each answer is the one for its request
+        check_in_order(checks, answers)  # each answer is the one for its request
         sock.settimeout(0.2)
         with pytest.raises(TimeoutError):
             sock.recv(1)  # nothing more: exactly one answer each
@@ -305,8 +317,7 @@ def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> No
                 time.sleep(0.02)  # 240 pauses: several idle timeouts in all
         sender.join(WAIT_S)
         assert not sender.is_alive() and sender.error is None
-    for i, (status, body) in enumerate(answers):
-        checks[i](status, body)
+    check_in_order(checks, answers)
 
 
 # ---- a mock transport: the two pause reasons and the sweeper --------------------------------------

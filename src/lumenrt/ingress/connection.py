@@ -49,9 +49,8 @@ waited up to ``grace_s`` for those in flight):
   2. the sweeper task is cancelled and awaited: no timeout fires part way through shutdown;
   3. every connection closes: ``closing`` drops later answers, and the transport closes once
      what is already buffered is flushed;
-  4. the front end ends its own work (``_cancel_requests``: TCP cancels and awaits its request
-     tasks; HTTP lets the engine finish them and drops their answers);
-  5. the listener's ``wait_closed`` is awaited, for at most ``CLOSE_WAIT_S``.
+  4. the listener's ``wait_closed`` is awaited, for at most ``CLOSE_WAIT_S``. Requests still
+     queued are finished by the engine; their answers reach closed connections and are dropped.
 """
 
 import asyncio
@@ -300,9 +299,6 @@ class Listener(Generic[C]):
         if self._server is not None:
             self._server.close()
 
-    async def _cancel_requests(self) -> None:
-        """Shutdown step 4: what the front end still runs for its closed connections."""
-
     async def close(self) -> None:
         """The shutdown order in the module docstring."""
         await self.stop_listening()
@@ -312,7 +308,6 @@ class Listener(Generic[C]):
                 await self._sweeper
         for conn in list(self.connections):
             conn.close()
-        await self._cancel_requests()
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), CLOSE_WAIT_S)

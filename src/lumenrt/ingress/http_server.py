@@ -285,6 +285,16 @@ class HttpConnection(Connection):
             if isinstance(result, Response):
                 self._write(result, req.keep_alive, req.http_10)
                 continue
+            if isinstance(result, _Submit):  # to the workers: the engine calls back (``_Submit``)
+                result.conn, result.request = self, req
+                self._busy = True  # before: the engine may answer inside submit (spin_us)
+                try:
+                    self.service.submit(result, result.take_arrays(), result.timeout_s)
+                except ServerError as err:  # refused at once: answered now, never called back
+                    self._busy = False
+                    self._write(error_response(err), req.keep_alive, req.http_10)
+                    continue
+                return
             self._busy = True
             self._task = self.loop.create_task(self._respond(result, req))  # referenced while it runs
             return
@@ -295,6 +305,12 @@ class HttpConnection(Connection):
             self._write_continue()
         if self.load_paused:
             self._resume_for_load()  # unless the write buffer still holds reading paused
+
+    def _answered(self, response: Response, req: HttpRequest) -> None:
+        """The engine answered the request ``_next`` submitted: write it, go on in order."""
+        self._busy = False
+        self._write(response, req.keep_alive, req.http_10)
+        self._next()
 
     async def _respond(self, pending: Awaitable[Response], req: HttpRequest) -> None:
         """Await the engine's answer and write it in the same step: the service counts the request
@@ -461,14 +477,46 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
     )
     if outcome is not None:
         return _infer_response(outcome, parsed)
+    return _Submit(rt, arrays, outputs, parsed, req.received_ns)
 
-    async def run() -> Response:
-        outcome = await service.infer(
-            rt, arrays, outputs, timeout_s=parsed.timeout_s, timing=parsed.timing, received_ns=req.received_ns
-        )
-        return _infer_response(outcome, parsed)
 
-    return run()
+class _Submit:
+    """An inference request for the workers, and its answer: the service's ``PendingAnswer`` (no
+    Task, coroutine or Future per request; the engine calls back on the loop's thread)."""
+
+    __slots__ = ("_arrays", "conn", "outputs", "parsed", "received_ns", "request", "runtime", "timing")
+
+    def __init__(
+        self, rt: Any, arrays: dict[str, Any], outputs: list[str], parsed: Any, received_ns: int
+    ) -> None:
+        self.runtime, self._arrays, self.outputs, self.parsed = rt, arrays, outputs, parsed
+        self.timing: bool = parsed.timing
+        self.received_ns = received_ns
+        self.conn: HttpConnection | None = None  # set by the connection that submits it
+        self.request: HttpRequest | None = None
+
+    @property
+    def timeout_s(self) -> float | None:
+        return self.parsed.timeout_s  # type: ignore[no-any-return]
+
+    def take_arrays(self) -> dict[str, Any]:
+        """The inputs, once: the engine copies them at submit, so the body is not kept after."""
+        arrays, self._arrays = self._arrays, {}
+        return arrays
+
+    def answer(self, outcome: InferOutcome) -> None:
+        try:
+            response = _infer_response(outcome, self.parsed)
+        except Exception as exc:  # encoding failed: still exactly one answer
+            response = error_response(as_server_error(exc))
+        self._reply(response)
+
+    def fail(self, error: ServerError) -> None:
+        self._reply(error_response(error))
+
+    def _reply(self, response: Response) -> None:
+        assert self.conn is not None and self.request is not None
+        self.conn._answered(response, self.request)
 
 
 def _infer_response(outcome: InferOutcome, parsed: Any) -> Response:

@@ -27,8 +27,8 @@ freed with the last view. An answer's tensors are joined into one buffer when sm
 as views of the output arrays, which the transport holds until they are sent.
 
 Shutdown (``ServerApp.shutdown``, then ``Listener.close``): the service answers new requests with
-503 error frames from ``stop_accepting``; at step 4 of ``Listener.close`` the request tasks still
-running are cancelled and awaited (their answers are dropped).
+503 error frames from ``stop_accepting``; requests still queued when the connections close are
+finished by the engine and their answers dropped (``_write`` writes nothing once closing).
 """
 
 import asyncio
@@ -80,17 +80,35 @@ class _Plan:
     outputs: list[str] = field(default_factory=list)
 
 
-@dataclass(slots=True)
 class _Request:
-    """A checked request, from its frame to its answer."""
+    """A checked request on its way to the workers, from its frame to its answer: the service's
+    ``PendingAnswer`` (no Task, coroutine or Future per request; the engine calls back)."""
 
-    request_id: int
-    timing: bool
-    runtime: Any
-    arrays: dict[str, Any]
-    outputs: list[str]
-    timeout_s: float | None
-    received_ns: int
+    __slots__ = ("conn", "outputs", "received_ns", "request_id", "runtime", "timing")
+
+    def __init__(
+        self,
+        conn: "TcpConnection",
+        request_id: int,
+        timing: bool,
+        runtime: Any,
+        outputs: list[str],
+        received_ns: int,
+    ) -> None:
+        self.conn, self.request_id, self.timing = conn, request_id, timing
+        self.runtime, self.outputs, self.received_ns = runtime, outputs, received_ns
+
+    def answer(self, outcome: InferOutcome) -> None:
+        conn = self.conn
+        try:
+            answer = conn._encode(self.request_id, outcome, self.timing)
+        except Exception as exc:  # encoding failed: still exactly one answer
+            err = as_server_error(exc)
+            answer = encode_error(self.request_id, err.status, err.message)
+        conn._answered(answer)
+
+    def fail(self, error: ServerError) -> None:
+        self.conn._answered(encode_error(self.request_id, error.status, error.message))
 
 
 class TcpConnection(Connection):
@@ -175,33 +193,21 @@ class TcpConnection(Connection):
         if out is not None:
             self._answer(rid, out, timing)
             return
-        request = _Request(rid, timing, rt, checked, outputs, timeout_s, self._received_ns)
-        self.in_flight += 1
+        self.in_flight += 1  # before: the engine may answer inside submit (spin_us)
+        try:
+            self.service.submit(
+                _Request(self, rid, timing, rt, outputs, self._received_ns), checked, timeout_s
+            )
+        except ServerError as exc:  # refused at once: answered here, never called back
+            self.in_flight -= 1
+            self._reply_error(rid, exc.status, exc.message)
+            return
         if self.in_flight >= MAX_IN_FLIGHT:
             self._pause_for_load()
-        task = self.front.loop.create_task(self._serve(request))
-        self.front.tasks.add(task)
-        task.add_done_callback(self.front.tasks.discard)
 
-    async def _serve(self, req: _Request) -> None:
-        answer: bytes | list[Any]
-        try:
-            out = await self.service.infer(
-                req.runtime,
-                req.arrays,
-                req.outputs,
-                timeout_s=req.timeout_s,
-                timing=req.timing,
-                received_ns=req.received_ns,
-            )
-            answer = self._encode(req.request_id, out, req.timing)
-        except ServerError as exc:
-            answer = encode_error(req.request_id, exc.status, exc.message)
-        except Exception as exc:  # encoding failed: still exactly one answer
-            err = as_server_error(exc)
-            answer = encode_error(req.request_id, err.status, err.message)
-        finally:
-            self.in_flight -= 1
+    def _answered(self, answer: bytes | list[Any]) -> None:
+        """The engine answered a queued request (``_Request``): write it, resume reading."""
+        self.in_flight -= 1
         self._write(answer)
         if self.load_paused and self.in_flight <= RESUME_IN_FLIGHT:
             self._resume_for_load()
@@ -294,13 +300,12 @@ class TcpConnection(Connection):
 
 class TcpFrontEnd(Listener[TcpConnection]):
     """The listening socket, its connections and the sweeper (``Listener``; ``FrontEnd`` in
-    app.py), the request tasks, and the caches shared by its connections."""
+    app.py) and the caches shared by its connections."""
 
     def __init__(self, service: InferenceService, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(service.limits)
         self.service = service
         self.loop = loop
-        self.tasks: set[asyncio.Task[None]] = set()
         self._plans: dict[bytes, _Plan] = {}
         self.responses = ResponseEncoder()
 
@@ -332,13 +337,6 @@ class TcpFrontEnd(Listener[TcpConnection]):
         plan.outputs = self.service.check_outputs(rt, list(meta.outputs))
         plan.runtime = rt
         return checked
-
-    async def _cancel_requests(self) -> None:
-        tasks = list(self.tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def start_tcp(service: InferenceService, host: str, port: int) -> TcpFrontEnd:
