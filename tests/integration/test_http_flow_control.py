@@ -26,8 +26,8 @@ from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.http_server import MAX_PIPELINED, HttpConnection, HttpRequest, HttpServer, Response
 from lumenrt.ingress.service import InferenceService, ServeLimits
 from lumenrt.models.builtin import builtin_examples
+from tests.integration.flow_clients import WAIT_S, Sender, non_reading_client, wait_for
 
-WAIT_S = 60.0  # deadline for a condition to come true (a hang fails the test, it never stalls)
 PATIENT = ServeLimits(
     max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=30.0, idle_timeout_s=60.0
 )
@@ -145,30 +145,6 @@ def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
     return status, body
 
 
-def non_reading_client(st: ServerThread) -> socket.socket:
-    """A client with a small receive buffer, so the server's answers back up quickly."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(WAIT_S)
-    sock.connect(("127.0.0.1", st.ports["http"]))
-    return sock
-
-
-class Sender(threading.Thread):
-    """Sends everything (blocking while the server does not read); an error is kept, not raised."""
-
-    def __init__(self, sock: socket.socket, data: bytes) -> None:
-        super().__init__(daemon=True)
-        self.sock, self.data = sock, data
-        self.error: OSError | None = None
-
-    def run(self) -> None:
-        try:
-            self.sock.sendall(self.data)
-        except OSError as exc:
-            self.error = exc
-
-
 @dataclass(frozen=True)
 class Probe:
     write_paused: bool
@@ -226,22 +202,12 @@ class Sampler(threading.Thread):
         self.join(WAIT_S)
 
 
-def wait_for(what: str, cond: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"not within {WAIT_S:g} s: {what}")
-
-
 N = 12_000  # ~5.6 MB of requests, ~7.5 MB of answers: far over the high-water mark and socket buffers
 
 
 def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(patient: ServerThread) -> None:
     raw, checks = workload(N)
-    with non_reading_client(patient) as sock:
+    with non_reading_client(patient, "http") as sock:
         sampler = Sampler(patient, sock)
         sampler.start()
         sender = Sender(sock, raw)
@@ -277,7 +243,7 @@ def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(pat
 
 def test_a_client_that_stops_reading_is_aborted_after_the_idle_timeout(hasty: ServerThread) -> None:
     raw, _ = workload(N)
-    with non_reading_client(hasty) as sock:
+    with non_reading_client(hasty, "http") as sock:
         sender = Sender(sock, raw)
         sender.start()
         wait_for(
@@ -303,7 +269,7 @@ def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> No
     gets every answer."""
     n = N
     raw, checks = workload(n)
-    with non_reading_client(hasty) as sock:
+    with non_reading_client(hasty, "http") as sock:
         sender = Sender(sock, raw)
         sender.start()
         wait_for(

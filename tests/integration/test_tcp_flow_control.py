@@ -8,10 +8,10 @@ timing: waits are for conditions, with generous deadlines."""
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import pytest
@@ -22,8 +22,8 @@ from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.service import ServeLimits
 from lumenrt.ingress.tcp_server import MAX_IN_FLIGHT, TcpFrontEnd
 from lumenrt.protocols import tcp as tp
+from tests.integration.flow_clients import WAIT_S, Sender, non_reading_client, wait_for
 
-WAIT_S = 60.0  # deadline for a condition to come true (a hang fails the test, it never stalls)
 PATIENT = ServeLimits(receive_timeout_s=30.0, idle_timeout_s=60.0)
 HASTY = ServeLimits(receive_timeout_s=1.0, idle_timeout_s=1.0)
 WIDTH = 1024  # floats per answer: answers (4 KiB) far larger than requests (~100 bytes)
@@ -109,30 +109,6 @@ class Reader:
             self.decoder.feed(data)
 
 
-def non_reading_client(st: ServerThread) -> socket.socket:
-    """A client with a small receive buffer, so the server's answers back up quickly."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(WAIT_S)
-    sock.connect(("127.0.0.1", st.ports["tcp"]))
-    return sock
-
-
-class Sender(threading.Thread):
-    """Sends everything (blocking while the server does not read); an error is kept, not raised."""
-
-    def __init__(self, sock: socket.socket, data: bytes) -> None:
-        super().__init__(daemon=True)
-        self.sock, self.data = sock, data
-        self.error: OSError | None = None
-
-    def run(self) -> None:
-        try:
-            self.sock.sendall(self.data)
-        except OSError as exc:
-            self.error = exc
-
-
 @dataclass(frozen=True)
 class Probe:
     write_paused: bool
@@ -188,16 +164,6 @@ class Sampler(threading.Thread):
         self.join(WAIT_S)
 
 
-def wait_for(what: str, cond: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"not within {WAIT_S:g} s: {what}")
-
-
 def answer_size(st: ServerThread) -> int:
     """The bytes of one answer frame, from a client that reads."""
     with socket.create_connection(("127.0.0.1", st.ports["tcp"]), timeout=WAIT_S) as sock:
@@ -219,7 +185,7 @@ def assert_bounded(sampler: Sampler, answer_bytes: int) -> None:
 
 def test_a_client_that_never_reads_is_aborted_after_the_idle_timeout(hasty: ServerThread) -> None:
     answer_bytes = answer_size(hasty)
-    with non_reading_client(hasty) as sock:
+    with non_reading_client(hasty, "tcp") as sock:
         sampler = Sampler(hasty, sock)
         sampler.start()
         sender = Sender(sock, workload(N))
@@ -249,7 +215,7 @@ def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(
     patient: ServerThread,
 ) -> None:
     answer_bytes = answer_size(patient)
-    with non_reading_client(patient) as sock:
+    with non_reading_client(patient, "tcp") as sock:
         sampler = Sampler(patient, sock)
         sampler.start()
         sender = Sender(sock, workload(N))
@@ -280,7 +246,7 @@ def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(
 def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> None:
     """It reads a little at a time for longer than the idle timeout: its writes pause and resume,
     and it gets every answer."""
-    with non_reading_client(hasty) as sock:
+    with non_reading_client(hasty, "tcp") as sock:
         sender = Sender(sock, workload(N))
         sender.start()
         wait_for(

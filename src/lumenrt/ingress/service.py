@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lumenrt import __version__
-from lumenrt.engine.engine import Engine, InferResult
+from lumenrt.engine.engine import Engine
 from lumenrt.engine.request import Array, InferRequest, StageTimes
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
 from lumenrt.protocols.errors import ServerError, bad_request
@@ -123,6 +123,18 @@ def timing_parameters(times: StageTimes) -> dict[str, int]:
         "engine_ns": span(times.received_ns or times.enqueued_ns, times.completed_ns),
         "batch_size": times.batch_size,
     }
+
+
+def _outcome(
+    rt: Any, arrays: Mapping[str, Array], names: list[str], times: StageTimes, timing: bool, start_ns: int
+) -> InferOutcome:
+    """The answer a front end encodes: the outputs asked for, in order, and the stage times (as
+    ``lumenrt_*`` parameters too when the client asked for timing)."""
+    times.received_ns = start_ns
+    params: dict[str, Any] = {}
+    if timing:
+        params = {f"lumenrt_{k}": v for k, v in timing_parameters(times).items()}
+    return InferOutcome(rt.config.name, rt.version, [(n, arrays[n]) for n in names], times, params)
 
 
 class InferenceService:
@@ -376,7 +388,7 @@ class InferenceService:
             result = await self.engine.infer_async(
                 rt.config.name, arrays, version=rt.version, timeout_s=timeout_s
             )
-            outcome = self._outcome(result, outputs, timing, start)
+            outcome = _outcome(rt, result.outputs, outputs, result.times, timing, start)
             ok = True
             return outcome
         except Exception as exc:
@@ -411,14 +423,7 @@ class InferenceService:
                 failure = as_server_error(req.error)
             else:
                 assert req.outputs is not None
-                outputs, times = req.outputs, req.times
-                times.received_ns = start
-                params: dict[str, Any] = {}
-                if pending.timing:
-                    params = {f"lumenrt_{k}": v for k, v in timing_parameters(times).items()}
-                outcome = InferOutcome(
-                    rt.config.name, rt.version, [(n, outputs[n]) for n in pending.outputs], times, params
-                )
+                outcome = _outcome(rt, req.outputs, pending.outputs, req.times, pending.timing, start)
         except Exception as exc:
             failure = as_server_error(exc)
         self._done(rt, start, failure is None)
@@ -459,12 +464,7 @@ class InferenceService:
         if result is None:
             return None
         self._count(rt, start, True)
-        times = rt.lane.times
-        times.received_ns = start
-        params: dict[str, Any] = {}
-        if timing:
-            params = {f"lumenrt_{k}": v for k, v in timing_parameters(times).items()}
-        return InferOutcome(rt.config.name, rt.version, [(n, result[n]) for n in outputs], times, params)
+        return _outcome(rt, result, outputs, rt.lane.times, timing, start)
 
     def _new_turn(self) -> None:
         """The event loop finished the I/O callbacks of one turn. One request per turn runs inline;
@@ -473,16 +473,6 @@ class InferenceService:
         for the rest, and under load the workers' core does that compute in parallel. At one client
         every request has a turn of its own, so every request runs inline."""
         self._lane_turn = False
-
-    @staticmethod
-    def _outcome(result: InferResult, outputs: list[str], timing: bool, start_ns: int) -> InferOutcome:
-        result.times.received_ns = start_ns
-        params: dict[str, Any] = {}
-        if timing:
-            params = {f"lumenrt_{k}": v for k, v in timing_parameters(result.times).items()}
-        return InferOutcome(
-            result.model, result.version, [(n, result.outputs[n]) for n in outputs], result.times, params
-        )
 
     # ---- shutdown -----------------------------------------------------------------------------
 

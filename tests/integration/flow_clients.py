@@ -1,0 +1,47 @@
+"""Clients for the flow-control tests of both front ends (test_http_flow_control.py,
+test_tcp_flow_control.py): one that hardly reads, a sender thread, and a bounded wait."""
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lumenrt.ingress.app import ServerThread
+
+WAIT_S = 60.0  # deadline for a condition to come true (a hang fails the test, it never stalls)
+
+
+def non_reading_client(st: ServerThread, protocol: str) -> socket.socket:
+    """A client with a small receive buffer, so the server's answers back up quickly."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(WAIT_S)
+    sock.connect(("127.0.0.1", st.ports[protocol]))
+    return sock
+
+
+class Sender(threading.Thread):
+    """Sends everything (blocking while the server does not read); an error is kept, not raised."""
+
+    def __init__(self, sock: socket.socket, data: bytes) -> None:
+        super().__init__(daemon=True)
+        self.sock, self.data = sock, data
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            self.sock.sendall(self.data)
+        except OSError as exc:
+            self.error = exc
+
+
+def wait_for(what: str, cond: Callable[[], Any]) -> Any:
+    """``cond()``'s first true value, polled every 10 ms; AssertionError after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"not within {WAIT_S:g} s: {what}")
