@@ -70,10 +70,11 @@ typecheck:
 test-python:
 	$(BIN)/pytest tests
 
+# the queue benchmark: native rings vs queue.Queue, multiprocessing.Queue, faster-fifo, pyzmq (~80 s)
 bench: install
-	$(BIN)/lumenrt bench queues
+	$(BIN)/python benchmarks/queues.py $(ARGS)
 
-# The Triton peer of `lumenrt bench serve`: Triton 2.51 through PyTriton, in its own venv (it needs
+# The Triton peer of benchmarks/serve.py: Triton 2.51 through PyTriton, in its own venv (it needs
 # numpy<2 and protobuf 6, which the project cannot use).
 TRITON_VENV := .venv-triton
 triton-peer: $(TRITON_VENV)/bin/python
@@ -82,7 +83,7 @@ $(TRITON_VENV)/bin/python:
 	$(TRITON_VENV)/bin/pip install -q nvidia-pytriton==0.7.0 numpy onnxruntime==$$($(BIN)/python -c 'import onnxruntime as o; print(o.__version__)')
 
 bench-serve: install triton-peer
-	$(BIN)/lumenrt bench serve
+	$(BIN)/python benchmarks/serve.py $(ARGS)
 
 # the architecture table: queue x allocator x worker mode x batch size, each served and loaded (~10 min)
 bench-matrix: install

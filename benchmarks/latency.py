@@ -49,11 +49,11 @@ from typing import Any
 import numpy as np
 
 from lumenrt.bench.results import git_commit, machine_info, write_result
-from lumenrt.bench.roundtrip import _Child, _echo_server_main, _measure_echo, frame_sizes, stats
 from lumenrt.bench.serve_process import ServeProcess, start_serve
 from lumenrt.client.http import encode_infer
 from lumenrt.client.tcp import TcpClient
 from lumenrt.models.builtin import builtin_examples, ensure_builtin_repository
+from roundtrip import _Child, _echo_server_main, _measure_echo, frame_sizes, stats  # beside this file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -333,8 +333,7 @@ def load(
 def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
     """SqueezeNet batch 1 through each protocol at concurrency 1, 2, 4, 8, against the raw loop of
     the same run (2 threads, each with its own ONNX Runtime session, batch 1, no server)."""
-    from lumenrt.bench.engine_bench import best_raw
-    from lumenrt.bench.engine_load import Phase
+    from lumenrt.bench.engine_load import Phase, best_raw
 
     raw = best_raw("latency", "squeezenet", [1], Phase(1.0, seconds))
     raw_per_s = float(raw.throughput_per_s or 0.0)

@@ -8,6 +8,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# benchmarks/ itself, after this folder (first on sys.path when run.py runs as a script): the modules
+# the peer benchmark shares with the other benchmarks there (perf_analyzer.py, triton_peer.py)
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))
 
 PEERS = ("lumenrt", "triton", "mlserver", "fastapi")
 MODELS = ("squeezenet", "digits_mlp")

@@ -69,7 +69,7 @@ def drive_load(target: str, model: ModelSpec, concurrency: int, settings: LoadSe
 
 def drive_perf_analyzer(http_base: str, model: ModelSpec, concurrency: int,
                         settings: LoadSettings) -> dict[str, float]:  # fmt: skip
-    from lumenrt.bench.perf_analyzer import run_perf_analyzer
+    from perf_analyzer import run_perf_analyzer  # benchmarks/perf_analyzer.py (common.py)
 
     return run_perf_analyzer(
         model.name,
@@ -106,7 +106,7 @@ def row_from_summary(peer: str, model: str, protocol: str, summary: Mapping[str,
 
 
 def row_from_perf_analyzer(peer: str, model: str, figures: Mapping[str, float]) -> dict[str, Any]:
-    """A ``peers`` row from :func:`lumenrt.bench.perf_analyzer.run_perf_analyzer` figures (HTTP); a run
+    """A ``peers`` row from :func:`perf_analyzer.run_perf_analyzer` figures (HTTP); a run
     that ends has no errors (perf_analyzer fails on any)."""
     return {
         "peer": peer,

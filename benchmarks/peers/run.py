@@ -19,7 +19,7 @@ What it does, in order:
      it answers, drives it at each concurrency (closed loop, same duration and warm-up everywhere),
      stops it (SIGTERM, SIGKILL to its process group after a bound). Drivers:
        lumenrt   ``lumenrt serve --workers 2``: perf_analyzer (HTTP), ``lumenrt bench load`` tcp + http
-       triton    ``triton_peer.py`` (PyTriton, dynamic batching as lumenrt's config): perf_analyzer
+       triton    ``../triton_peer.py`` (PyTriton, dynamic batching as lumenrt's config): perf_analyzer
                  (HTTP), ``lumenrt bench load`` http
        mlserver  ``mlserver start`` with ``mlserver_onnx.py``, ``parallel_workers: 2``: ``lumenrt bench
                  load`` http-json (its REST API takes no binary tensors) and grpc (raw contents)
@@ -194,7 +194,7 @@ def prepare(args: argparse.Namespace, stamp: str) -> tuple[RunContext, list[Mode
 
 
 def check_perf_analyzer(peers: Sequence[str], notes: list[str]) -> None:
-    from lumenrt.bench.perf_analyzer import perf_analyzer_problem
+    from perf_analyzer import perf_analyzer_problem  # benchmarks/perf_analyzer.py (common.py)
 
     if any(d == PA_DRIVER for p in peers for d, _ in DRIVERS[p]):
         problem = perf_analyzer_problem()

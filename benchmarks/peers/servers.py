@@ -28,7 +28,7 @@ from processes import (
 )
 from venvs import VenvSpec, venv_python
 
-TRITON_PEER_SCRIPT = ROOT / "src" / "lumenrt" / "bench" / "triton_peer.py"
+TRITON_PEER_SCRIPT = ROOT / "benchmarks" / "triton_peer.py"
 
 
 @dataclass
@@ -204,7 +204,7 @@ def peer_how(peer: str, model_names: Sequence[str]) -> str:
         f"one ONNX Runtime session each, intra_op_num_threads {INTRA_OP_THREADS}, the configs' dynamic "
         "batching, queue delay 0); driven by perf_analyzer over HTTP (KServe V2 binary) and by "
         "lumenrt bench load over tcp and http",
-        "triton": f"Triton via PyTriton 0.7.0 (src/lumenrt/bench/triton_peer.py, .venv-triton): {SESSIONS} "
+        "triton": f"Triton via PyTriton 0.7.0 (benchmarks/triton_peer.py, .venv-triton): {SESSIONS} "
         f"model instances, one ONNX Runtime session each (intra_op_num_threads {INTRA_OP_THREADS}), dynamic "
         "batching with lumenrt's max batch, preferred sizes and queue delay; driven by perf_analyzer "
         "over HTTP and by lumenrt bench load over http (binary tensors)",

@@ -27,7 +27,7 @@
  * 9.6 us — a consumer that burns CPU before sleeping gets woken on its own idle vCPU (a slow IPI)
  * instead of next to its producer. 2-producer/2-consumer throughput was also higher without spin
  * (4.1M vs 2.3M items/s), spinners stealing the producers' cores. On machines with spare cores a
- * short spin can pay off: measure with `lumenrt bench queues --spin-iters N`. */
+ * short spin can pay off: measure with `benchmarks/queues.py --spin-iters N`. */
 #define LRT_DEFAULT_SPIN 0
 #define LRT_DEFAULT_YIELD 0
 

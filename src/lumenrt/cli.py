@@ -4,7 +4,8 @@ Every subcommand is one row of ``COMMANDS``: its help text, where its arguments 
 (``"module:function"``), and the extra it needs. Only the subcommand being run is imported, first
 for its arguments (modules that import core packages only, so its ``--help`` works on a plain
 install), then for its body, after ``extras.require`` has checked its extra. A missing extra is
-one line on stderr and exit status 2, never a traceback.
+one line on stderr and exit status 2, never a traceback; so is a former subcommand (``MOVED``),
+whose line names the script in ``benchmarks/`` that replaces it.
 """
 
 import argparse
@@ -62,46 +63,6 @@ COMMANDS: tuple[Command, ...] = (
         _run_demo,
     ),
     Command(
-        ("bench", "queues"),
-        "native rings vs queue.Queue, multiprocessing.Queue, faster-fifo, pyzmq",
-        "Measure, in one run: push+pop pair cost, one-way handoff latency between threads and between "
-        "processes (consumer waiting and busy), and 2-producer/2-consumer throughput. Prints a table (or "
-        "JSON rows with --json) and writes a result file recording machine, commit and configuration. "
-        "faster-fifo and pyzmq come with the 'bench' extra; without it they are skipped with a note.",
-        "lumenrt.bench.queues:add_arguments",
-        "lumenrt.bench.queues:run_from_args",
-    ),
-    Command(
-        ("bench", "engine"),
-        "the engine against raw ONNX Runtime sessions: throughput, overhead, architecture table",
-        "Measure, in one run with the built-in models: SqueezeNet throughput through the engine (2 "
-        "workers) against 2 raw ONNX Runtime threads, the engine's batch-1 overhead on digits_mlp "
-        "(thread and process mode), and the queue_type x allocator_type table. Prints a table (or "
-        "JSON rows with --json) and writes a result file recording machine, commit and configuration.",
-        "lumenrt.bench.engine_bench:add_arguments",
-        "lumenrt.bench.engine_bench:run_from_args",
-    ),
-    Command(
-        ("bench", "stages"),
-        "where a batch-1 request spends its time: per-stage medians, thread and process mode",
-        "Send digits_mlp requests one at a time from one synchronous client and print the median and "
-        "p99 of each stage (ingress, hand-off to the worker, compute, return to the caller) from the "
-        "engine's own timestamps. Writes a result file.",
-        "lumenrt.bench.stages:add_arguments",
-        "lumenrt.bench.stages:run_from_args",
-    ),
-    Command(
-        ("bench", "serve"),
-        "lumenrt serve vs Triton (perf_analyzer, SqueezeNet) and round trips vs a TCP echo",
-        "In one run: SqueezeNet through 2 raw ONNX Runtime threads (the ceiling); perf_analyzer against "
-        "`lumenrt serve` and against Triton (PyTriton, .venv-triton) at concurrency 1, 2, 4, 8 over "
-        "HTTP and gRPC; digits_mlp batch-1 round trips over TCP (against a loopback echo of the same "
-        "bytes), HTTP binary and gRPC. Servers run one at a time. Prints tables and the acceptance "
-        "ratios; writes a result file. Needs tritonclient's perf_analyzer (`make install` in a checkout).",
-        "lumenrt.bench.serve_bench:add_arguments",
-        "lumenrt.bench.serve_bench:run_from_args",
-    ),
-    Command(
         ("bench", "load"),
         "the load generator: closed or open loop against a running server (TCP, HTTP, gRPC)",
         "Drive one model of a running server from this process (or --processes more): closed loop "
@@ -144,7 +105,20 @@ COMMANDS: tuple[Command, ...] = (
     ),
 )
 
+# Former subcommands, now scripts in a checkout's benchmarks/ (benchmarks are not shipped in the
+# package): typing one is answered with the script that replaces it.
+MOVED: dict[tuple[str, ...], str] = {
+    ("bench", "queues"): "benchmarks/queues.py",
+    ("bench", "engine"): "benchmarks/engine.py",
+    ("bench", "stages"): "benchmarks/stages.py",
+    ("bench", "serve"): "benchmarks/serve.py",
+}
+
 _GROUP_HELP: dict[tuple[str, ...], str] = {("bench",): "benchmarks (see `lumenrt bench --help`)"}
+_GROUP_DESCRIPTION: dict[tuple[str, ...], str] = {
+    ("bench",): "The load generator, the architecture matrix and the static report. The other "
+    "benchmarks are scripts in a lumenrt checkout: " + ", ".join(MOVED.values()) + "."
+}
 
 
 def _resolve(target: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -171,7 +145,9 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argp
         for depth in range(1, len(group) + 1):
             path = tuple(group[:depth])
             if path not in groups:
-                sub = groups[path[:-1]].add_parser(path[-1], help=_GROUP_HELP.get(path))
+                sub = groups[path[:-1]].add_parser(
+                    path[-1], help=_GROUP_HELP.get(path), description=_GROUP_DESCRIPTION.get(path)
+                )
                 groups[path] = sub.add_subparsers(
                     dest=f"{'_'.join(path)}_command", metavar=path[-1].upper(), required=True
                 )
@@ -196,6 +172,14 @@ def _expand_bench_shorthand(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = _expand_bench_shorthand(list(sys.argv[1:] if argv is None else argv))
+    moved = next((w for w in MOVED if tuple(words[: len(w)]) == w), None)
+    if moved is not None:
+        print(
+            f"lumenrt {' '.join(moved)}: moved out of the package: run `python {MOVED[moved]}` "
+            "(same arguments) in a lumenrt checkout",
+            file=sys.stderr,
+        )
+        return 2
     parser, leaves = _build_parser()
     command = _selected(words)
     if command is not None:

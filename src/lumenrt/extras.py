@@ -14,9 +14,10 @@ module that the ``lumenrt`` command line or the server imports.
 import importlib.util
 
 # The import names each runtime extra provides (pyproject.toml lists their distributions; the
-# test and dev extras are tools, never imported by lumenrt).
+# test and dev extras are tools, never imported by lumenrt; the bench extra serves a checkout's
+# benchmarks/queues.py, not the package).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "bench": ("faster_fifo", "zmq"),  # `lumenrt bench queues` compares against them (skipped without)
+    "bench": ("faster_fifo", "zmq"),  # benchmarks/queues.py compares against them (skipped without)
     "dashboard": ("streamlit", "plotly"),  # `lumenrt dashboard`; plotly alone: `lumenrt bench report`
     "torch": ("torch",),  # the PyTorch backend
 }

@@ -5,8 +5,14 @@ from typing import Any
 
 import pytest
 
-from lumenrt.bench.perf_analyzer import perf_analyzer_problem, run_perf_analyzer
+from tests.benchmark_modules import import_benchmark_module
 from tests.e2e.conftest import ServeProcess
+
+perf_analyzer = import_benchmark_module("perf_analyzer")  # benchmarks/perf_analyzer.py
+perf_analyzer_problem, run_perf_analyzer = (
+    perf_analyzer.perf_analyzer_problem,
+    perf_analyzer.run_perf_analyzer,
+)
 
 PROBLEM = perf_analyzer_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"perf_analyzer cannot run here: {PROBLEM}")

@@ -1,29 +1,31 @@
-"""``lumenrt bench engine`` as a user runs it (smoke: short phases; the figures are not judged)."""
+"""benchmarks/engine.py and benchmarks/stages.py as a user runs them (smoke: short phases; the
+figures are not judged)."""
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-LUMENRT = [sys.executable, "-m", "lumenrt.cli"]
+from tests.benchmark_modules import run_benchmark_script
+
 ROW_KEYS = {"model", "config", "throughput_per_s", "p50_us", "p99_us", "overhead_p50_us", "status"}
 
 
-def run(args: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(LUMENRT + args, capture_output=True, text=True, timeout=timeout_s, check=False)
+def run(script: str, args: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return run_benchmark_script(script, args, timeout_s)
 
 
 def test_bench_engine_help_lists_its_options() -> None:
-    out = run(["bench", "engine", "--help"])
-    assert out.returncode == 0
+    out = run("engine", ["--help"])
+    assert out.returncode == 0 and "usage: benchmarks/engine.py" in out.stdout
     for option in ("--quick", "--json", "--duration-s", "--warmup-s", "--concurrency", "--scenario", "--out"):
         assert option in out.stdout
 
 
 def test_bench_engine_json_rows_and_result_file(tmp_path: Path) -> None:
     out = run(
+        "engine",
         [
-            "bench", "engine", "--quick", "--json", "--duration-s", "0.3", "--out", str(tmp_path),
+            "--quick", "--json", "--duration-s", "0.3", "--out", str(tmp_path),
             "--scenario", "digits-overhead", "--scenario", "matrix",
         ]
     )  # fmt: skip
@@ -55,13 +57,13 @@ def test_bench_engine_json_rows_and_result_file(tmp_path: Path) -> None:
 
 
 def test_bench_engine_rejects_bad_arguments(tmp_path: Path) -> None:
-    out = run(["bench", "engine", "--duration-s", "0", "--out", str(tmp_path)])
+    out = run("engine", ["--duration-s", "0", "--out", str(tmp_path)])
     assert out.returncode == 2 and "--duration-s" in out.stderr
     assert not list(tmp_path.glob("engine-*.json"))
 
 
 def test_bench_stages_prints_every_stage_and_writes_them(tmp_path: Path) -> None:
-    out = run(["bench", "stages", "--requests", "300", "--warmup", "30", "--out", str(tmp_path)])
+    out = run("stages", ["--requests", "300", "--warmup", "30", "--out", str(tmp_path)])
     assert out.returncode == 0, out.stdout + out.stderr
     for stage in ("ingress", "handoff to worker", "compute", "return to caller", "total"):
         assert stage in out.stdout

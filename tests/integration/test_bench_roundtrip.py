@@ -1,4 +1,4 @@
-"""The round-trip measurement helpers run end to end with tiny counts (behaviour only, no timing
+"""The round-trip measurement helpers (benchmarks/roundtrip.py) run end to end with tiny counts (behaviour only, no timing
 asserted): the echo floor's server process is gone afterwards, and the report has both sides."""
 
 from collections.abc import Iterator
@@ -6,10 +6,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from lumenrt.bench.roundtrip import echo_floor, frame_sizes, serve_vs_echo, stats, tcp_round_trip
 from lumenrt.engine.engine import Engine
 from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.models.builtin import builtin_examples
+from tests.benchmark_modules import import_benchmark_module
+
+roundtrip = import_benchmark_module("roundtrip")
+echo_floor, frame_sizes, stats = roundtrip.echo_floor, roundtrip.frame_sizes, roundtrip.stats
+serve_vs_echo, tcp_round_trip = roundtrip.serve_vs_echo, roundtrip.tcp_round_trip
 
 
 @pytest.fixture(scope="module")

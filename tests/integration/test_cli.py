@@ -1,6 +1,7 @@
-"""The ``lumenrt`` command as a user runs it: the demo and the queue benchmark (smoke; the
-benchmark's figures are not judged here), and every command without the extras' modules: its
-``--help`` works, and a command that needs an extra names it in one line."""
+"""The ``lumenrt`` command as a user runs it: the demo, the benchmarks that moved out of the package
+(one line naming their script) and the queue benchmark script, benchmarks/queues.py (smoke; its
+figures are not judged here), and every command without the extras' modules: its ``--help`` works,
+and a command that needs an extra names it in one line."""
 
 import argparse
 import importlib.metadata
@@ -16,6 +17,7 @@ import pytest
 from lumenrt import cli
 from lumenrt.cli import COMMANDS
 from lumenrt.extras import EXTRA_MODULES
+from tests.benchmark_modules import BENCHMARKS_DIR, run_benchmark_script
 
 LUMENRT = [sys.executable, "-m", "lumenrt.cli"]
 
@@ -27,8 +29,30 @@ def run(args: list[str], timeout_s: float = 180) -> subprocess.CompletedProcess[
 def test_help_explains_the_commands() -> None:
     out = run(["--help"])
     assert out.returncode == 0 and "demo" in out.stdout and "bench" in out.stdout
-    out = run(["bench", "queues", "--help"])
+    out = run(["bench", "--help"])
+    assert out.returncode == 0 and all(f"    {word} " in out.stdout for word in ("load", "matrix", "report"))
+    out = run_benchmark_script("queues", ["--help"], timeout_s=60)
     assert out.returncode == 0 and "--json" in out.stdout and "--spin-iters" in out.stdout
+    assert "usage: benchmarks/queues.py" in out.stdout
+
+
+def test_bench_lists_only_the_tools_the_package_ships() -> None:
+    bench = {c.words[1] for c in COMMANDS if c.words[0] == "bench"}
+    assert bench == {"load", "matrix", "report"}
+    assert not bench & {words[1] for words in cli.MOVED}
+
+
+@pytest.mark.parametrize("word", ["queues", "engine", "stages", "serve"])
+def test_moved_benchmark_is_one_line_naming_its_script(word: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", word, "--quick"]) == 2
+    script = f"benchmarks/{word}.py"
+    assert (BENCHMARKS_DIR.parent / script).is_file()
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"lumenrt bench {word}: moved out of the package: run `python {script}` (same arguments) in a "
+        "lumenrt checkout\n"
+    )
 
 
 def test_demo_answers_every_request_and_cleans_up() -> None:
@@ -44,12 +68,14 @@ def test_demo_rejects_bad_arguments() -> None:
 
 
 def test_bench_queues_json_rows_and_result_file(tmp_path: Path) -> None:
-    out = run(
+    out = run_benchmark_script(
+        "queues",
         [
-            "bench", "queues", "--quick", "--scale", "0.2", "--json", "--out", str(tmp_path),
+            "--quick", "--scale", "0.2", "--json", "--out", str(tmp_path),
             "--scenario", "pair", "--scenario", "handoff-process-waiting", "--scenario", "throughput-2p2c",
             "--impl", "mpmc", "--impl", "naive", "--impl", "queue.Queue", "--impl", "multiprocessing.Queue",
-        ]
+        ],
+        timeout_s=180,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]

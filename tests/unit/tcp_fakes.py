@@ -4,6 +4,7 @@ InferenceService and TcpConnection run on a private event loop, over an engine w
 
 import asyncio
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,18 @@ class FakeRuntime:
             outputs=(TensorSpec("y", "FP32", (2,)),),
         )
         self.version = 1
+        self.released = 0
+
+    def release(self, req: Any) -> None:
+        self.released += 1
+
+
+@dataclass
+class FakeRequest:
+    context: Any
+    outputs: dict[str, np.ndarray] | None = None
+    error: Exception | None = None
+    times: StageTimes = field(default_factory=StageTimes)
 
 
 class FakeEngine:
@@ -48,11 +61,37 @@ class FakeEngine:
         self.started = 0
         self.finished = 0
         self.closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.loop: asyncio.AbstractEventLoop | None = (
+            None  # the server's (mock transports call in from outside it)
+        )
 
     def runtime(self, name: str, version: int | None = None) -> FakeRuntime:
         if name != "double" or version not in (None, 1):
             raise ModelNotFound(f"unknown model {name!r} (loaded: double)", Path("/nowhere"))
         return self.rt
+
+    def submit_callback(
+        self, rt: Any, inputs: Any, on_answer: Any, context: Any = None, *, timeout_s: float | None = None
+    ) -> None:
+        """As Engine.submit_callback: the inputs are copied now (they are views of the connection's
+        receive buffer), the answer comes back on the loop once ``hold`` is open."""
+        self.started += 1
+        x = np.array(inputs["x"])
+        req = FakeRequest(context)
+
+        async def answer() -> None:
+            try:
+                await self.hold.wait()
+                req.outputs = {"y": x * 2}
+                req.times = StageTimes(enqueued_ns=10, dequeued_ns=20, compute_start_ns=30, compute_end_ns=45, completed_ns=50, batch_size=1)  # fmt: skip
+            finally:
+                self.finished += 1
+            on_answer(req)
+
+        task = (self.loop or asyncio.get_running_loop()).create_task(answer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def infer_async(
         self, model: str, inputs: Any, *, version: int | None = None, timeout_s: float | None = None
@@ -133,6 +172,7 @@ class Harness:
     def __init__(self, limits: ServeLimits | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.engine = FakeEngine()
+        self.engine.loop = self.loop
         self.service = InferenceService(self.engine, limits)  # type: ignore[arg-type]
         self.front = TcpFrontEnd(self.service, self.loop)
         self.transport = FakeTransport(self.loop)
@@ -140,7 +180,7 @@ class Harness:
         self.transport.attach(self.conn)
 
     def feed(self, data: bytes) -> None:
-        self.conn.data_received(data)
+        deliver_on(self.loop, self.conn, data)
 
     def settle(self) -> None:
         """Run the loop until nothing is ready to run."""
@@ -161,3 +201,29 @@ def header(**fields: int) -> bytes:
     f = {"version": 1, "kind": tp.REQUEST, "flags": 0, "reserved": 0, "rid": 1, "meta": 0, "payload": 0}
     f.update(fields)
     return b"LRT" + struct.pack("<BBBHQII", *f.values())
+
+
+def deliver(conn: Any, data: bytes) -> None:
+    """Hand ``data`` to a protocol as its transport would: ``data_received`` for a plain protocol,
+    ``get_buffer`` + ``buffer_updated`` (in as many reads as the buffers take) for a buffered one."""
+    if not isinstance(conn, asyncio.BufferedProtocol):
+        conn.data_received(data)
+        return
+    view = memoryview(data)
+    while True:
+        buf = conn.get_buffer(len(view))
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        conn.buffer_updated(n)
+        view = view[n:]
+        if not view:
+            return
+
+
+def deliver_on(loop: asyncio.AbstractEventLoop, conn: Any, data: bytes) -> None:
+    """``deliver`` from inside ``loop``, where a transport calls its protocol."""
+
+    async def run() -> None:
+        deliver(conn, data)
+
+    loop.run_until_complete(run())

@@ -16,7 +16,7 @@ from lumenrt.ingress.http_server import MAX_PIPELINED, HttpConnection, HttpServe
 from lumenrt.ingress.service import InferenceService, ServeLimits
 from lumenrt.ingress.tcp_server import LINGER_S, MAX_IN_FLIGHT, TcpConnection, TcpFrontEnd
 from lumenrt.protocols import tcp as tp
-from tests.unit.tcp_fakes import FakeEngine
+from tests.unit.tcp_fakes import FakeEngine, deliver_on
 from tests.unit.tcp_fakes import request as tcp_request
 
 LIMITS = ServeLimits(receive_timeout_s=2.0, idle_timeout_s=10.0)
@@ -169,7 +169,7 @@ class Rig:
     made: list[Any] = field(default_factory=list)
 
     def feed(self, data: bytes) -> None:
-        self.conn.data_received(data)
+        deliver_on(self.loop, self.conn, data)
         self.settle()
 
     def settle(self, until: Callable[[], bool] = lambda: False) -> None:
@@ -193,6 +193,7 @@ class Rig:
 def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
     loop = asyncio.new_event_loop()
     engine = FakeEngine()
+    engine.loop = loop
     clock = FakeClock()
     service = InferenceService(engine, LIMITS)  # type: ignore[arg-type]
     transport = MockTransport(loop, high=64)  # any answer crosses it
@@ -358,7 +359,7 @@ def test_a_tcp_fatal_error_lingers_then_closes_and_flushes() -> None:
         conn = TcpConnection(front)
         transport = MockTransport(loop, high=1 << 20)
         transport.attach(conn)
-        conn.data_received(b"not a frame at all, just some bytes")
+        deliver_on(loop, conn, b"not a frame at all, just some bytes")
         assert conn.draining and transport.eof_written and transport.reading
         clock.now += LINGER_S
         front.sweep(clock.now)

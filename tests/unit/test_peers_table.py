@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lumenrt.bench import triton_peer
-from lumenrt.bench.perf_analyzer import parse_perf_analyzer_csv
+from tests.benchmark_modules import import_benchmark_module
+
+triton_peer = import_benchmark_module("triton_peer")  # benchmarks/triton_peer.py
+parse_perf_analyzer_csv = import_benchmark_module("perf_analyzer").parse_perf_analyzer_csv
 
 PEERS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
 RUN_PY = PEERS_DIR / "run.py"

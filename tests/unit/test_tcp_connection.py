@@ -239,12 +239,17 @@ def test_an_idle_connection_is_closed_and_a_busy_one_is_not(h: Harness) -> None:
     assert answers(h)[1].kind == tp.RESPONSE  # no error frame for an idle close
 
 
-def test_close_cancels_what_is_still_running() -> None:
+def test_close_leaves_what_is_still_running_to_the_engine_and_drops_its_answer() -> None:
     h = Harness()
     h.engine.hold.clear()
     h.feed(request(1))
     h.settle()
-    assert h.engine.started == 1
-    h.close()
-    assert h.engine.finished == 1
-    assert h.service.in_flight == 0
+    assert h.engine.started == 1 and h.service.in_flight == 1
+    h.loop.run_until_complete(h.front.close())
+    written = len(h.transport.written)
+    h.engine.hold.set()  # the engine answers after the connection closed
+    h.settle()
+    assert h.engine.finished == 1 and h.service.in_flight == 0
+    assert h.engine.rt.released == 1  # its record released once
+    assert len(h.transport.written) == written  # the answer was dropped
+    h.loop.close()

@@ -1,5 +1,6 @@
-"""Closed-loop load for the engine benchmark: a fixed number of requests kept in flight, against the
-engine or against raw ONNX Runtime sessions, each request timed in the client from submit to result.
+"""Closed-loop load for the engine benchmark (``benchmarks/engine.py``) and the raw limit of ``lumenrt
+bench matrix``: a fixed number of requests kept in flight, against the engine or against raw ONNX
+Runtime sessions, each request timed in the client from submit to result.
 
 Phases (the same for every loop, so that engine and raw figures compare):
   1. warm-up: requests run unrecorded until ``warmup_s`` has passed (sessions allocate their
@@ -18,9 +19,15 @@ Two kinds of client:
 
 A client that is still waiting long after the end (a request never answered) turns the phase into
 a ``TimeoutError`` instead of hanging the benchmark; its daemon thread is left behind.
+
+The raw limit (:func:`best_raw`): the model in ``WORKERS`` threads, each with its own ONNX Runtime
+session configured like an engine worker's, at several batch sizes, best of them. ``lumenrt bench
+matrix`` gives every row a ratio to it; so do the scripts in a checkout's ``benchmarks/``
+(``engine.py``, whose rows are :class:`Row`, ``serve.py``, ``latency.py``).
 """
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +43,8 @@ from lumenrt.engine.repository import LoadedModel, ModelRepository
 from lumenrt.engine.server_config import usable_cores
 from lumenrt.models.builtin import builtin_examples, ensure_builtin_repository
 
+RAW = "raw"  # the config label of a raw-session row
+WORKERS = 2  # the issue's setup: 2 workers (one per core of this 2-core machine), 2 raw threads
 # Guessed: far above any single request here (a SqueezeNet batch of 8 takes ~25 ms on this machine),
 # short enough that a lost request fails the row instead of stalling the run.
 STALL_GUARD_S = 30.0
@@ -298,3 +307,101 @@ def raw_calls(lm: LoadedModel, threads: int, batch: int, workers: int) -> list[C
         session = create_session(lm.model_path, lm.config, placements[i % len(placements)])
         calls.append(partial(session.run, outputs, feed))
     return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows, and the raw limit: the best raw loop over several batch sizes
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of the engine benchmark's table / one JSON object (a raw row: ``config`` "raw")."""
+
+    scenario: str
+    model: str
+    config: str  # "raw" for the baseline loop, else EngineConfig.label
+    throughput_per_s: float | None = None  # inferences (rows) per second
+    p50_us: float | None = None  # per request (raw: per session.run call), submit -> result
+    p99_us: float | None = None
+    overhead_p50_us: float | None = None  # batch-1 engine rows: engine p50 - raw p50 just before
+    overhead_p99_us: float | None = None
+    ratio_to_raw: float | None = None  # throughput / the raw row's throughput
+    mean_compute_us: float | None = None  # compute time of the batch a request ran in, mean
+    mean_batch_rows: float | None = None
+    batch_rows: dict[int, int] | None = None  # rows -> batches of that size (measured phase)
+    raw_batch: int | None = None  # raw rows: rows per session.run
+    clients: int | None = None  # requests in flight (async tasks or threads)
+    n: int = 0  # requests (raw: calls) recorded
+    seconds: float | None = None  # the measured interval
+    wall_s: float | None = None  # the whole row: loading included
+    status: str = "ok"  # "ok", "skipped: <why>", "error: <what>"
+    note: str | None = None
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _status(row: Row) -> str:
+    if row.status != "ok":
+        return row.status.upper() if row.status.startswith("error") else row.status
+    return f"{_fmt(row.throughput_per_s, 0)} inf/s, p50 {_fmt(row.p50_us)} us, p99 {_fmt(row.p99_us)} us"
+
+
+def error_row(scenario: str, model: str, config: str, exc: BaseException) -> Row:
+    return Row(scenario, model, config, status=f"error: {type(exc).__name__}: {exc}")
+
+
+def guarded(scenario: str, model: str, config: str, measure: Callable[[], Row]) -> Row:
+    """``measure()``, timed, with a progress line on stderr; an exception becomes an error row (the
+    run goes on)."""
+    t0 = time.monotonic()
+    try:
+        row = measure()
+    except Exception as exc:
+        row = error_row(scenario, model, config, exc)
+    row.wall_s = round(time.monotonic() - t0, 2)
+    _progress(f"  {scenario:<16} {model:<11} {config:<32} {_status(row)} ({row.wall_s:.1f} s)")
+    return row
+
+
+def measured(row: Row, samples: Samples) -> Row:
+    """``row`` with the throughput, percentiles and counts of ``samples``."""
+    if not samples.latencies_ns:
+        raise RuntimeError("no request completed in the measured phase")
+    pct = percentiles_us(samples.latencies_ns)
+    row.throughput_per_s = round(samples.throughput_per_s, 1)
+    row.p50_us, row.p99_us = pct.p50_us, pct.p99_us
+    row.n = len(samples.latencies_ns)
+    row.seconds = round(samples.seconds, 3)
+    return row
+
+
+def measure_raw(scenario: str, model: str, threads: int, batch: int, phase: Phase) -> Row:
+    calls = raw_calls(load_builtin(model), threads, batch, WORKERS)
+    samples = closed_loop_threads(calls, batch, phase)
+    return measured(Row(scenario, model, RAW, raw_batch=batch, clients=threads), samples)
+
+
+def best_raw(scenario: str, model: str, batches: Sequence[int], phase: Phase) -> Row:
+    """The raw ``WORKERS``-thread loop at each batch size; the row of the highest throughput, naming
+    the others in its note."""
+    rows = [
+        guarded(
+            scenario, model, f"{RAW} (batch {b})", partial(measure_raw, scenario, model, WORKERS, b, phase)
+        )
+        for b in dict.fromkeys(batches)
+    ]
+    ok = [r for r in rows if r.status == "ok" and r.throughput_per_s is not None]
+    if not ok:
+        return rows[0]
+    best = max(ok, key=lambda r: r.throughput_per_s or 0.0)
+    others = ", ".join(f"batch {r.raw_batch}: {r.throughput_per_s:,.0f}/s" for r in ok if r is not best)
+    best.note = f"best of batch {', '.join(str(b) for b in dict.fromkeys(batches))}" + (
+        f" ({others})" if others else ""
+    )
+    return best

@@ -114,8 +114,7 @@ def repository_with_batch(source: Path, model: str, batch_size: int, dest: Path)
 
 
 def _raw_limit(model: str, duration_s: float) -> dict[str, Any]:
-    from lumenrt.bench.engine_bench import best_raw
-    from lumenrt.bench.engine_load import Phase
+    from lumenrt.bench.engine_load import Phase, best_raw
 
     row = best_raw("matrix", model, [1, 4, 8], Phase(1.0, duration_s))
     return {

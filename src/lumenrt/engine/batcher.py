@@ -12,7 +12,7 @@ more requests, and takes only its fair share of those already queued (ceil(queue
 busy likewise takes ceil(queued / workers) rows: they will be free soon. On CPU a batch of n costs about n single requests
 (SqueezeNet under ONNX Runtime here: 287/s at batch 4 against 300/s at batch 1, 2 threads), so
 one worker gathering every request while another sits idle halves throughput; measured with
-`lumenrt bench serve` (perf_analyzer, concurrency 4): batches of 3-4 on one worker, the other idle.
+`benchmarks/serve.py` (perf_analyzer, concurrency 4): batches of 3-4 on one worker, the other idle.
 ``IdleBoard`` is how batchers see each other: one flag per worker, written only by its owner.
 
 tests/unit/test_batcher.py checks each rule above against a scripted source and clock. A ring

@@ -14,7 +14,7 @@ Inline completion: when the request just submitted is the only one outstanding, 
 first polls the completion ring for up to ``spin_us`` with the GIL released (the worker runs
 meanwhile). A small model's answer arrives within that window and the coroutine goes on without
 suspending: no eventfd write, no epoll wake-up of the loop. Measured on digits_mlp over the TCP
-protocol (``lumenrt bench serve``). With other requests outstanding the loop never waits: they
+protocol (``benchmarks/serve.py``). With other requests outstanding the loop never waits: they
 may need it.
 """
 

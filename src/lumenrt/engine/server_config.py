@@ -33,7 +33,7 @@ MIN_ARENA_SLOT_BYTES = 64  # one cache line
 # sleeping. A sleeping thread takes ~10 us to wake on the 2-core VM this was tuned on (and then
 # waits for the GIL); a poll answers in well under 1 us. 50 us covers the gap between back-to-back
 # requests of a closed-loop client and the compute of a small model; measured with
-# `lumenrt bench engine --scenario digits-overhead --spin-us N`. 0 = sleep at once.
+# `benchmarks/engine.py --scenario digits-overhead --spin-us N`. 0 = sleep at once.
 DEFAULT_SPIN_US = 50
 
 SECTIONS = ("engine",)  # top-level keys of the file

@@ -71,7 +71,7 @@ def sweep_interval_s(limits: ServeLimits) -> float:
     return min(1.0, max(0.01, min(limits.receive_timeout_s, limits.idle_timeout_s) / 4))
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BaseProtocol):
     """The flow control and timeouts of one connection (see the module docstring)."""
 
     def __init__(self, listener: "Listener[Any]", limits: ServeLimits) -> None:
@@ -115,7 +115,7 @@ class Connection(asyncio.Protocol):
     def _writes_resumed(self) -> None:
         """The write buffer drained under its low-water mark (HTTP: go on with queued requests)."""
 
-    # ---- asyncio.Protocol ---------------------------------------------------------------------
+    # ---- asyncio.BaseProtocol------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass

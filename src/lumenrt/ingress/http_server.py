@@ -104,7 +104,7 @@ async def start_http(service: InferenceService, host: str, port: int) -> HttpSer
     return server
 
 
-class HttpConnection(Connection):
+class HttpConnection(Connection, asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         super().__init__(server, server.limits)
         self.server = server

@@ -1,4 +1,5 @@
-"""The binary TCP protocol front end: one ``asyncio.Protocol`` per connection on the server's loop.
+"""The binary TCP protocol front end: one ``asyncio.BufferedProtocol`` per connection on the server's
+loop.
 
 Wire format: docs/tcp-protocol.md; codecs: ``lumenrt.protocols.tcp``.
 
@@ -15,16 +16,17 @@ Invariants (flow control, timeouts, the sweeper and the shutdown order:
     connection and could destroy the error frame before the peer reads it).
   - Backpressure: at most ``MAX_IN_FLIGHT`` requests are served per connection; at that point
     reading pauses for load until ``RESUME_IN_FLIGHT``; while it is paused for either reason the
-    decoder keeps the rest of the chunk and delivers no frame. The write buffer thus holds at
+    receiver keeps what was read and delivers no frame. The write buffer thus holds at
     most its high-water mark plus the answers of the requests in flight when it crossed it.
-  - A frame in progress is the decoder's buffered tail; its identity is the count of frames
-    delivered before it, so ``data_received`` reads no clock for the receive timeout.
+  - A frame in progress is the receiver's buffered tail; its identity is the count of frames
+    delivered before it, so ``buffer_updated`` reads no clock for the receive timeout.
   - Everything here runs on the one event loop; the service is never called from another thread.
 
-Buffers: a request's input arrays are read-only views of the received chunk (a ``bytes`` object
-owned by the frame); the engine copies them once when it queues the request, and the chunk is
-freed with the last view. An answer's tensors are joined into one buffer when small, else written
-as views of the output arrays, which the transport holds until they are sent.
+Buffers: the connection's receiver (``lumenrt.protocols.tcp_receiver``) owns the buffer the kernel
+reads into; a request's input arrays are read-only views of it, valid while ``_on_frame`` runs:
+the lane runs the model on them before it returns, and ``service.submit`` copies them into an
+arena slot before it returns. An answer's tensors are joined into one buffer when small, else
+written as views of the output arrays, which the transport holds until they are sent.
 
 Shutdown (``ServerApp.shutdown``, then ``Listener.close``): the service answers new requests with
 503 error frames from ``stop_accepting``; requests still queued when the connections close are
@@ -53,13 +55,13 @@ from lumenrt.protocols.tcp import (
     REQUEST,
     TIMING_FIELDS,
     Frame,
-    FrameDecoder,
     ProtocolError,
     RequestMeta,
     ResponseEncoder,
     decode_request_meta,
     encode_error,
 )
+from lumenrt.protocols.tcp_receiver import FrameReceiver
 from lumenrt.protocols.tensors import check_shape
 
 MAX_IN_FLIGHT = 256  # requests served at once per connection before reading pauses (guessed)
@@ -111,30 +113,40 @@ class _Request:
         self.conn._answered(encode_error(self.request_id, error.status, error.message))
 
 
-class TcpConnection(Connection):
+class TcpConnection(Connection, asyncio.BufferedProtocol):
+    """One client connection. The transport reads straight into the receiver's buffer
+    (``get_buffer``/``buffer_updated``, tcp_receiver.py): a request's bytes are copied once by
+    the kernel, then once into an arena slot if it is queued (none if the lane runs it)."""
+
     def __init__(self, front: "TcpFrontEnd") -> None:
         super().__init__(front, front.limits)
         self.front = front
         self.service = front.service
         limits = self.limits
-        self.decoder = FrameDecoder(
+        self.decoder = FrameReceiver(
             self._on_frame, max_frame_bytes=limits.max_body_bytes, max_meta_bytes=limits.max_header_bytes
         )
+        self._discard = memoryview(bytearray(4096))  # what a draining connection reads into
         self.in_flight = 0
         self.draining = False  # after a fatal error: input discarded until close (implies closing)
         self.draining_since = 0.0
         self.peer_eof = False
         self._received_ns = 0
 
-    # ---- asyncio.Protocol ------------------------------------------------------------------
+    # ---- asyncio.BufferedProtocol ----------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.draining:
+            return self._discard
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         self.received += 1
         if self.draining:
             return
         self._received_ns = time.monotonic_ns()
         try:
-            self.decoder.feed(data)
+            self.decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
             self._fatal(exc)
 

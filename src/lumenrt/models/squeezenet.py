@@ -158,7 +158,7 @@ def write(model_dir: Path) -> dict[str, Any]:
         "output": [{"name": OUTPUT_NAME, "datatype": "FP32", "dims": [NUM_CLASSES]}],
         # No queue delay: on CPU a batch of n costs about n single images (287/s at batch 4 vs
         # 300/s at batch 1, 2 raw ONNX Runtime threads here), so waiting to fill a batch only adds
-        # latency; batches still form from requests already queued (`lumenrt bench serve`).
+        # latency; batches still form from requests already queued (`benchmarks/serve.py`).
         "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_us": 0},
         "parameters": {"weights": {"kind": "synthetic", "rng": "numpy default_rng", "seed": SEED}},
     }

@@ -22,7 +22,7 @@ one incomplete frame, as the list of chunks received so far (never a buffer of t
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -111,7 +111,7 @@ class Frame:
     flags: int
     request_id: int
     meta: bytes
-    data: bytes
+    data: bytes | memoryview  # a read-only view of the server's receive buffer (tcp_receiver.py)
     payload_at: int
     payload_bytes: int
 
@@ -177,6 +177,35 @@ def _bad_start(head: bytes) -> ProtocolError:
     return ProtocolError(
         f"not a lumenrt frame: starts with {head[:4]!r}, expected {MAGIC!r}{hint}", fatal=True
     )
+
+
+def read_header(
+    data: bytes | bytearray | memoryview, pos: int, max_meta_bytes: int, max_frame_bytes: int
+) -> tuple[int, int, int, int, int]:
+    """The header at ``data[pos:]`` (24 bytes there): kind, flags, request id, metadata and payload
+    lengths, checked against the limits before anything is buffered for them; a fatal
+    ProtocolError says what is wrong."""
+    magic, kind, flags, reserved, rid, meta_len, payload_len = HEADER.unpack_from(data, pos)
+    if magic != _MAGIC_VERSION:
+        raise _bad_start(bytes(data[pos : pos + 4]))
+    if reserved:
+        raise ProtocolError(f"reserved header field is {reserved}, must be 0", fatal=True)
+    if meta_len > max_meta_bytes:
+        raise ProtocolError(
+            f"frame metadata of {meta_len} bytes is over the limit of {max_meta_bytes}",
+            status=431,
+            fatal=True,
+            request_id=rid,
+        )
+    if meta_len + payload_len > max_frame_bytes:
+        raise ProtocolError(
+            f"frame of {meta_len + payload_len} bytes (metadata {meta_len} + payload "
+            f"{payload_len}) is over the limit of {max_frame_bytes} bytes",
+            status=413,
+            fatal=True,
+            request_id=rid,
+        )
+    return kind, flags, rid, meta_len, payload_len
 
 
 class FrameDecoder:
@@ -258,33 +287,14 @@ class FrameDecoder:
     def _run(self, data: bytes) -> None:
         pos = 0
         end = len(data)
-        unpack = HEADER.unpack_from
         need = HEADER_BYTES
         while end - pos >= HEADER_BYTES:
-            magic, kind, flags, reserved, rid, meta_len, payload_len = unpack(data, pos)
-            if magic != _MAGIC_VERSION:
-                self._fail(_bad_start(data[pos : pos + 4]))
-            if reserved:
-                self._fail(ProtocolError(f"reserved header field is {reserved}, must be 0", fatal=True))
-            if meta_len > self.max_meta_bytes:
-                self._fail(
-                    ProtocolError(
-                        f"frame metadata of {meta_len} bytes is over the limit of {self.max_meta_bytes}",
-                        status=431,
-                        fatal=True,
-                        request_id=rid,
-                    )
+            try:
+                kind, flags, rid, meta_len, payload_len = read_header(
+                    data, pos, self.max_meta_bytes, self.max_frame_bytes
                 )
-            if meta_len + payload_len > self.max_frame_bytes:
-                self._fail(
-                    ProtocolError(
-                        f"frame of {meta_len + payload_len} bytes (metadata {meta_len} + payload "
-                        f"{payload_len}) is over the limit of {self.max_frame_bytes} bytes",
-                        status=413,
-                        fatal=True,
-                        request_id=rid,
-                    )
-                )
+            except ProtocolError as err:
+                self._fail(err)
             need = HEADER_BYTES + meta_len + payload_len
             if end - pos < need:
                 break
@@ -310,7 +320,7 @@ class FrameDecoder:
             self._have = end - pos
         self._need = need
 
-    def _fail(self, err: ProtocolError) -> None:
+    def _fail(self, err: ProtocolError) -> NoReturn:
         self._error = err
         self._chunks.clear()
         self._have = 0

@@ -1,4 +1,5 @@
-"""Run Triton's ``perf_analyzer`` load generator and read its CSV report.
+"""Run Triton's ``perf_analyzer`` load generator and read its CSV report (for ``serve.py`` and
+``peers/``, which import this module by plain name; it imports nothing from lumenrt).
 
 Setup (the ``perf-analyzer`` PyPI package is an empty placeholder; tritonclient wheels from 2.52 on need a
 newer glibc or ship no binary; tritonclient 2.51 pins ``numpy<2`` even without extras, so it goes in with

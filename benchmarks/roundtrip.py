@@ -1,5 +1,8 @@
 """Round-trip latency at concurrency 1 over the binary TCP protocol, against a loopback echo floor.
 
+A module of the benchmarks in this folder (``serve.py``, ``latency.py``), which import it by plain
+name (a script's folder comes first on sys.path):
+
     with start_serve("--models", "digits_mlp") as server:   # lumenrt.bench.serve_process
         report = serve_vs_echo("127.0.0.1", server.ports["tcp"], "digits_mlp", inputs, n=20_000)
         report["ratio_p50"]                                     # TCP p50 / echo p50

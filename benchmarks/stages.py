@@ -1,4 +1,7 @@
-"""``lumenrt bench stages``: where one synchronous batch-1 request spends its time in the engine.
+"""Where one synchronous batch-1 request spends its time in the engine, thread and process mode.
+
+    .venv/bin/python benchmarks/stages.py [--requests N] [--warmup N] [--mode thread|process]
+        [--spin-us US] [--out results]
 
 One client thread sends digits_mlp requests back to back (after a warm-up) and, from each result's
 stage timestamps (CLOCK_MONOTONIC, the engine's own), takes the time of every stage:
@@ -10,12 +13,15 @@ stage timestamps (CLOCK_MONOTONIC, the engine's own), takes the time of every st
   compute              the model call
   complete             compute end -> completed (outputs split; process mode: copied back)
   return to caller     completed -> the call returns
-Prints the median (and p99) per stage for each worker mode, and writes a result file.
+Prints the median (and p99) per stage for each worker mode, and writes ``<out>/stages-<stamp>.json``
+(machine, commit, model, requests, spin_us, every stage's p50 and p99 per mode).
 """
 
 import argparse
+import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -125,3 +131,15 @@ def run_from_args(args: argparse.Namespace) -> int:
     )
     print(f"result file: {path}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/stages.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

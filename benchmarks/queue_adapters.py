@@ -1,4 +1,5 @@
-"""The implementations the queue benchmark compares, each behind one small interface.
+"""The implementations the queue benchmark (``benchmarks/queues.py``) compares, each behind one small
+interface.
 
 A :class:`Transport` gives senders and receivers (for the handoff and throughput scenarios) and
 push/pop callables (for the pair scenario); :data:`IMPLS` lists them with the scenario groups they

@@ -3,7 +3,7 @@
 Standalone script: it imports only the standard library, numpy, onnxruntime and pytriton (never lumenrt),
 because it runs under the separate ``.venv-triton`` interpreter::
 
-    .venv-triton/bin/python src/lumenrt/bench/triton_peer.py --model-path PATH/model.onnx \\
+    .venv-triton/bin/python benchmarks/triton_peer.py --model-path PATH/model.onnx \\
         --http-port 8000 --grpc-port 8001 [--model-name squeezenet] [--sessions 2] [--max-batch 8] \\
         [--preferred-batch-sizes [N ...]] [--max-queue-delay-us 2000]
 

@@ -1,0 +1,183 @@
+"""The two frame readers, one test body each: FrameDecoder (``feed(bytes)``, the clients') and
+FrameReceiver (the server's: the transport reads into its buffer, ``get_buffer`` +
+``buffer_updated``). Same frames for any chunking, pause/resume, errors; plus what only the
+receiver does: frames valid during the call only, big frames in a buffer of their exact size,
+no buffer for a size refused by the header."""
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lumenrt.protocols import tcp as tp
+from lumenrt.protocols.tcp import Frame, FrameDecoder, ProtocolError
+from lumenrt.protocols.tcp_receiver import BUFFER_BYTES, FrameReceiver
+
+
+def snapshot(frame: Frame) -> Frame:
+    """A frame that outlives the call (FrameReceiver's are valid during it only)."""
+    return Frame(
+        frame.kind, frame.flags, frame.request_id, frame.meta, bytes(frame.payload), 0, frame.payload_bytes
+    )
+
+
+class Reader:
+    """``feed``/``pause``/``resume`` over either implementation; ``got``: snapshots of the frames."""
+
+    def __init__(self, kind: str, on_frame: Callable[[Frame], None] | None = None, **limits: int) -> None:
+        self.got: list[Frame] = []
+
+        def take(frame: Frame) -> None:
+            self.got.append(snapshot(frame))
+            if on_frame is not None:
+                on_frame(frame)
+
+        self.impl: Any = FrameDecoder(take, **limits) if kind == "decoder" else FrameReceiver(take, **limits)
+        self.kind = kind
+
+    def feed(self, data: bytes) -> None:
+        if self.kind == "decoder":
+            self.impl.feed(data)
+            return
+        view = memoryview(data)
+        while True:  # as a transport: as much as each buffer takes
+            buf = self.impl.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            self.impl.buffer_updated(n)
+            view = view[n:]
+            if not view:
+                return
+
+
+@pytest.fixture(params=["decoder", "receiver"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def request_frame(rid: int, nbytes: int) -> bytes:
+    x = np.arange(nbytes // 4, dtype=np.float32).reshape(1, -1)
+    return b"".join(bytes(p) for p in tp.encode_request(rid, "m", {"x": x}))
+
+
+def stream() -> tuple[bytes, list[int]]:
+    """Small frames around one larger than the receiver's buffer."""
+    parts = [request_frame(1, 64), tp.encode_error(2, 400, "no"), request_frame(3, 3 * BUFFER_BYTES)]
+    parts += [request_frame(4, 400), request_frame(5, 8)]
+    return b"".join(parts), [1, 2, 3, 4, 5]
+
+
+def expected() -> list[tuple[int, bytes, bytes]]:
+    data, _ = stream()
+    out: list[Frame] = []
+    FrameDecoder(out.append).feed(data)
+    return [(f.request_id, f.meta, bytes(f.payload)) for f in out]
+
+
+@pytest.mark.parametrize("size", [1, 7, 24, 25, 1000, 4096, 70_000, 1 << 20])
+def test_any_chunking_gives_the_same_frames(kind: str, size: int) -> None:
+    data, ids = stream()
+    r = Reader(kind)
+    for at in range(0, len(data), size):
+        r.feed(data[at : at + size])
+    assert [(f.request_id, f.meta, bytes(f.payload)) for f in r.got] == expected()
+    assert r.impl.frames == len(ids) and r.impl.buffered_bytes == 0
+
+
+def test_pause_holds_frames_until_resume(kind: str) -> None:
+    data, ids = stream()
+    r: Reader
+
+    def pause(frame: Frame) -> None:
+        r.impl.pause()
+
+    r = Reader(kind, pause)
+    r.feed(data)
+    assert [f.request_id for f in r.got] == [1]
+    assert r.impl.buffered_bytes == len(data) - len(request_frame(1, 64))
+    while len(r.got) < len(ids):
+        r.impl.resume()
+    assert [f.request_id for f in r.got] == ids and r.impl.buffered_bytes == 0
+
+
+def test_a_raising_callback_keeps_the_frames_after_it(kind: str) -> None:
+    data, ids = stream()
+    calls = []
+
+    def boom(frame: Frame) -> None:
+        calls.append(frame.request_id)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+
+    r = Reader(kind, boom)
+    first_two = len(request_frame(1, 64)) + len(tp.encode_error(2, 400, "no"))
+    with pytest.raises(RuntimeError):
+        r.feed(data[:first_two])
+    r.feed(data[first_two:])  # the next read delivers the frame held since, and the rest
+    assert [f.request_id for f in r.got] == ids
+
+
+def test_a_broken_frame_is_fatal_after_the_frames_before_it(kind: str) -> None:
+    r = Reader(kind)
+    with pytest.raises(ProtocolError) as info:
+        r.feed(tp.encode_error(1, 400, "x") + b"garbage-garbage-garbage-garbage")
+    assert info.value.fatal and "not a lumenrt frame" in info.value.message
+    assert [f.request_id for f in r.got] == [1]
+    with pytest.raises(ProtocolError):  # stays broken
+        r.feed(b"")
+
+
+def test_an_oversize_frame_is_refused_from_its_header(kind: str) -> None:
+    r = Reader(kind, max_frame_bytes=1 << 20)
+    head = tp.encode_header(tp.REQUEST, 0, 77, 10, 10_000_000)
+    with pytest.raises(ProtocolError) as info:
+        r.feed(head)
+    assert (info.value.status, info.value.request_id) == (413, 77)
+
+
+def test_receiver_frames_are_views_valid_during_the_call_only() -> None:
+    seen: list[Any] = []
+    receiver = FrameReceiver(lambda f: seen.append((f.data, bytes(f.payload))))
+    for rid in (1, 2):
+        frame = request_frame(rid, 64)
+        buf = receiver.get_buffer(len(frame))
+        buf[: len(frame)] = frame
+        receiver.buffer_updated(len(frame))
+    (data1, payload1), (_, payload2) = seen
+    assert isinstance(data1, memoryview) and data1.readonly  # a callee cannot write into it
+    assert payload1 == payload2  # the same tensor: both read correctly during their calls
+    assert receiver.buffered_bytes == 0
+
+
+def test_a_big_frame_gets_a_buffer_of_its_exact_size_once_its_header_passed() -> None:
+    got: list[int] = []
+    receiver = FrameReceiver(lambda f: got.append(len(f.data)), max_frame_bytes=1 << 24)
+    frame = request_frame(9, 5 * BUFFER_BYTES)
+    buf = receiver.get_buffer(-1)
+    buf[:10] = frame[:10]
+    receiver.buffer_updated(10)
+    assert len(receiver.get_buffer(-1)) >= BUFFER_BYTES - 10  # no header yet: the small buffer
+    rest = receiver.get_buffer(-1)
+    rest[: tp.HEADER_BYTES - 10] = frame[10 : tp.HEADER_BYTES]
+    receiver.buffer_updated(tp.HEADER_BYTES - 10)
+    big = receiver.get_buffer(-1)
+    assert len(big) == len(frame) - tp.HEADER_BYTES  # the header passed: the rest, exactly
+    big[:] = frame[tp.HEADER_BYTES :]
+    receiver.buffer_updated(len(big))
+    assert got == [len(frame)] and receiver.buffered_bytes == 0
+    assert len(receiver.get_buffer(-1)) == BUFFER_BYTES  # back to the small buffer, from its start
+
+
+def test_a_paused_receiver_grows_only_by_what_is_read() -> None:
+    receiver = FrameReceiver(lambda f: receiver.pause())
+    frames = b"".join(request_frame(i, 400) for i in range(1, 400))  # ~200 KB of small frames
+    view = memoryview(frames)
+    while view:
+        buf = receiver.get_buffer(-1)
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        receiver.buffer_updated(n)
+        view = view[n:]
+    assert receiver.frames == 1 and receiver.buffered_bytes == len(frames) - len(request_frame(1, 400))
+    assert len(receiver.get_buffer(-1)) <= len(frames)  # grown by what arrived, not more
