@@ -1,5 +1,6 @@
 """Clients for the flow-control tests of both front ends (test_http_flow_control.py,
-test_tcp_flow_control.py): one that hardly reads, a sender thread, and a bounded wait."""
+test_tcp_flow_control.py): one that hardly reads, a sender thread, a sampler of the server side,
+and a bounded wait."""
 
 import socket
 import threading
@@ -34,6 +35,32 @@ class Sender(threading.Thread):
             self.sock.sendall(self.data)
         except OSError as exc:
             self.error = exc
+
+
+class Sampler(threading.Thread):
+    """Calls ``probe()`` until stopped (every 2 ms): the largest write buffer it saw (``buffered``),
+    the high-water mark (``high``), and how many probes found the connection."""
+
+    def __init__(self, probe: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.probe = probe
+        self.stop_event = threading.Event()
+        self.most = 0
+        self.high = 0
+        self.probes = 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            p = self.probe()
+            if p is not None:
+                self.most = max(self.most, p.buffered)
+                self.high = p.high
+                self.probes += 1
+            self.stop_event.wait(0.002)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(WAIT_S)
 
 
 def wait_for(what: str, cond: Callable[[], Any]) -> Any:

@@ -11,7 +11,6 @@ depends on timing: waits are for conditions, with generous deadlines."""
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.http_server import MAX_PIPELINED, HttpConnection, HttpRequest, HttpServer, Response
 from lumenrt.ingress.service import InferenceService, ServeLimits
 from lumenrt.models.builtin import builtin_examples
-from tests.integration.flow_clients import WAIT_S, Sender, non_reading_client, wait_for
+from tests.integration.flow_clients import WAIT_S, Sampler, Sender, non_reading_client, wait_for
 
 PATIENT = ServeLimits(
     max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=30.0, idle_timeout_s=60.0
@@ -177,38 +176,13 @@ def probe(st: ServerThread, client: socket.socket) -> Probe | None:
     return cast(Probe | None, st.call(look()))
 
 
-class Sampler(threading.Thread):
-    """Probes a connection until stopped: the largest write buffer seen, and every probe."""
-
-    def __init__(self, st: ServerThread, client: socket.socket) -> None:
-        super().__init__(daemon=True)
-        self.st, self.client = st, client
-        self.stop_event = threading.Event()
-        self.most = 0
-        self.high = 0
-        self.probes = 0
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            p = probe(self.st, self.client)
-            if p is not None:
-                self.most = max(self.most, p.buffered)
-                self.high = p.high
-                self.probes += 1
-            time.sleep(0.002)
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(WAIT_S)
-
-
 N = 12_000  # ~5.6 MB of requests, ~7.5 MB of answers: far over the high-water mark and socket buffers
 
 
 def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(patient: ServerThread) -> None:
     raw, checks = workload(N)
     with non_reading_client(patient, "http") as sock:
-        sampler = Sampler(patient, sock)
+        sampler = Sampler(lambda: probe(patient, sock))
         sampler.start()
         sender = Sender(sock, raw)
         sender.start()

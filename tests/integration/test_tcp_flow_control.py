@@ -6,7 +6,6 @@ answer. The server's side of a connection is probed on the server's loop. No ass
 timing: waits are for conditions, with generous deadlines."""
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.service import ServeLimits
 from lumenrt.ingress.tcp_server import MAX_IN_FLIGHT, TcpFrontEnd
 from lumenrt.protocols import tcp as tp
-from tests.integration.flow_clients import WAIT_S, Sender, non_reading_client, wait_for
+from tests.integration.flow_clients import WAIT_S, Sampler, Sender, non_reading_client, wait_for
 
 PATIENT = ServeLimits(receive_timeout_s=30.0, idle_timeout_s=60.0)
 HASTY = ServeLimits(receive_timeout_s=1.0, idle_timeout_s=1.0)
@@ -139,31 +138,6 @@ def probe(st: ServerThread, client: socket.socket) -> Probe | None:
     return cast(Probe | None, st.call(look()))
 
 
-class Sampler(threading.Thread):
-    """Probes a connection until stopped: the largest write buffer seen."""
-
-    def __init__(self, st: ServerThread, client: socket.socket) -> None:
-        super().__init__(daemon=True)
-        self.st, self.client = st, client
-        self.stop_event = threading.Event()
-        self.most = 0
-        self.high = 0
-        self.probes = 0
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            p = probe(self.st, self.client)
-            if p is not None:
-                self.most = max(self.most, p.buffered)
-                self.high = p.high
-                self.probes += 1
-            self.stop_event.wait(0.002)
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(WAIT_S)
-
-
 def answer_size(st: ServerThread) -> int:
     """The bytes of one answer frame, from a client that reads."""
     with socket.create_connection(("127.0.0.1", st.ports["tcp"]), timeout=WAIT_S) as sock:
@@ -186,7 +160,7 @@ def assert_bounded(sampler: Sampler, answer_bytes: int) -> None:
 def test_a_client_that_never_reads_is_aborted_after_the_idle_timeout(hasty: ServerThread) -> None:
     answer_bytes = answer_size(hasty)
     with non_reading_client(hasty, "tcp") as sock:
-        sampler = Sampler(hasty, sock)
+        sampler = Sampler(lambda: probe(hasty, sock))
         sampler.start()
         sender = Sender(sock, workload(N))
         sender.start()
@@ -216,7 +190,7 @@ def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(
 ) -> None:
     answer_bytes = answer_size(patient)
     with non_reading_client(patient, "tcp") as sock:
-        sampler = Sampler(patient, sock)
+        sampler = Sampler(lambda: probe(patient, sock))
         sampler.start()
         sender = Sender(sock, workload(N))
         sender.start()

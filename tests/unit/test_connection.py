@@ -381,3 +381,20 @@ def test_sweep_interval_is_a_quarter_of_the_shortest_timeout_within_bounds(
 ) -> None:
     limits = ServeLimits(receive_timeout_s=receive_s, idle_timeout_s=idle_s)
     assert sweep_interval_s(limits) == interval_s
+
+
+def test_answers_that_come_back_inside_submit_cost_no_stack_depth(rig: Rig) -> None:
+    """The engine may answer a queued request before ``submit`` returns (its spin_us poll). When
+    writes resume over many requests received meanwhile, each is answered once, in order, in one
+    loop: no recursion per request (that once hit Python's limit under load)."""
+    rig.engine.inline = True
+    n = 3000
+    rig.feed(b"".join(rig.request(i) for i in range(1, n + 1)))  # one read: all of them arrive
+    assert rig.conn.write_paused  # the first answer crossed the high-water mark
+    rig.transport.high = rig.transport.low = 1 << 30  # from now on writes never pause
+    rig.transport.client_reads()
+    rig.transport.client_reads()  # what the resumed writes added
+    rig.settle()
+    rig.transport.client_reads()
+    assert rig.answers() == [(200, "")] * n
+    assert rig.engine.started == rig.engine.finished == n

@@ -113,6 +113,7 @@ class HttpConnection(Connection, asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self._queue: deque[HttpRequest] = deque()
         self._busy = False
+        self._in_next = False  # _next is running (see there)
         self._task: asyncio.Task[None] | None = None  # the request being answered
         # the message being parsed
         self._url = b""
@@ -275,7 +276,18 @@ class HttpConnection(Connection, asyncio.Protocol):
 
     def _next(self) -> None:
         """Handle queued requests in order until one has to wait for the engine or the write buffer
-        is over its high-water mark (``resume_writing`` calls this again)."""
+        is over its high-water mark (``resume_writing`` calls this again). Not re-entered: an
+        answer that comes back inside ``submit`` (the engine polls ``spin_us`` for it) lets this
+        loop go on instead of calling it again, so pipelined requests cost no stack depth."""
+        if self._in_next:
+            return
+        self._in_next = True
+        try:
+            self._run_queue()
+        finally:
+            self._in_next = False
+
+    def _run_queue(self) -> None:
         while self._queue and not self._busy and not self.write_paused and not self.closing:
             req = self._queue.popleft()
             try:
@@ -294,7 +306,9 @@ class HttpConnection(Connection, asyncio.Protocol):
                     self._busy = False
                     self._write(error_response(err), req.keep_alive, req.http_10)
                     continue
-                return
+                if self._busy:
+                    return  # answered later: ``_answered`` goes on
+                continue  # answered inside submit: go on here
             self._busy = True
             self._task = self.loop.create_task(self._respond(result, req))  # referenced while it runs
             return
