@@ -6,7 +6,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 from lumenrt.ingress.app import ServerThread
 
@@ -35,6 +36,37 @@ class Sender(threading.Thread):
             self.sock.sendall(self.data)
         except OSError as exc:
             self.error = exc
+
+
+@dataclass(frozen=True)
+class Probe:
+    write_paused: bool
+    load_paused: bool
+    reading: bool
+    buffered: int  # transport.get_write_buffer_size()
+    high: int  # the transport's high-water mark
+    queued: int  # HTTP: parsed requests waiting on the connection (TCP: 0)
+
+
+def probe(st: ServerThread, client: socket.socket, protocol: str) -> Probe | None:
+    """The server side of ``client``'s connection, read on the server's loop (None: gone)."""
+    port = client.getsockname()[1]
+
+    async def look() -> Probe | None:
+        for conn in st.app.front_ends[protocol].connections:  # type: ignore[attr-defined]
+            t = conn.transport
+            if t is not None and t.get_extra_info("peername")[1] == port:
+                return Probe(
+                    conn.write_paused,
+                    conn.load_paused,
+                    t.is_reading(),
+                    t.get_write_buffer_size(),
+                    t.get_write_buffer_limits()[1],
+                    len(getattr(conn, "_queue", ())),
+                )
+        return None
+
+    return cast(Probe | None, st.call(look()))
 
 
 class Sampler(threading.Thread):

@@ -214,7 +214,7 @@ def test_push_the_ring_refuses_is_answered_at_once_and_leaks_nothing(repo: Path)
         asynchronous = answered_within(lambda: asyncio.run(one_async()), timeout_s=10)
         assert isinstance(asynchronous, EngineError) and "refused" in str(asynchronous), asynchronous
         assert rt.table.free == len(rt.table.records)
-        assert rt.pool is not None and rt.pool.stats()["in_use"] == 0
+        assert rt.arena is not None and rt.arena.stats()["in_use"] == 0
         np.testing.assert_array_equal(engine.infer("add", {"x": x}).outputs["y"], x + 1)
 
 

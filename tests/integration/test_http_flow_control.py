@@ -13,7 +13,6 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -25,7 +24,8 @@ from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.http_server import MAX_PIPELINED, HttpConnection, HttpRequest, HttpServer, Response
 from lumenrt.ingress.service import InferenceService, ServeLimits
 from lumenrt.models.builtin import builtin_examples
-from tests.integration.flow_clients import WAIT_S, Sampler, Sender, non_reading_client, wait_for
+from tests.integration.flow_clients import WAIT_S, Sampler, Sender, non_reading_client, probe, wait_for
+from tests.mock_transport import MockTransport
 
 PATIENT = ServeLimits(
     max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=30.0, idle_timeout_s=60.0
@@ -144,57 +144,29 @@ def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
     return status, body
 
 
-@dataclass(frozen=True)
-class Probe:
-    write_paused: bool
-    load_paused: bool
-    reading: bool
-    buffered: int  # transport.get_write_buffer_size()
-    high: int  # the transport's high-water mark
-    queued: int
-
-
-def probe(st: ServerThread, client: socket.socket) -> Probe | None:
-    """The server side of ``client``'s connection, read on the server's loop (None: gone)."""
-    port = client.getsockname()[1]
-
-    async def look() -> Probe | None:
-        front = cast(HttpServer, st.app.front_ends["http"])
-        for conn in front.connections:
-            t = conn.transport
-            if t is not None and t.get_extra_info("peername")[1] == port:
-                return Probe(
-                    conn.write_paused,
-                    conn.load_paused,
-                    t.is_reading(),
-                    t.get_write_buffer_size(),
-                    t.get_write_buffer_limits()[1],
-                    len(conn._queue),
-                )
-        return None
-
-    return cast(Probe | None, st.call(look()))
-
-
 N = 12_000  # ~5.6 MB of requests, ~7.5 MB of answers: far over the high-water mark and socket buffers
 
 
 def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(patient: ServerThread) -> None:
     raw, checks = workload(N)
     with non_reading_client(patient, "http") as sock:
-        sampler = Sampler(lambda: probe(patient, sock))
+        sampler = Sampler(lambda: probe(patient, sock, "http"))
         sampler.start()
         sender = Sender(sock, raw)
         sender.start()
         try:
             wait_for(
                 "the server pauses writing and reading",
-                lambda: (p := probe(patient, sock)) is not None and p.write_paused and not p.reading and p,
+                lambda: (
+                    (p := probe(patient, sock, "http")) is not None and p.write_paused and not p.reading and p
+                ),
             )
             time.sleep(0.5)  # the client still reads nothing: the server stays (or is again) paused
             again = wait_for(
                 "the server is paused while the client reads nothing",
-                lambda: (p := probe(patient, sock)) is not None and p.write_paused and not p.reading and p,
+                lambda: (
+                    (p := probe(patient, sock, "http")) is not None and p.write_paused and not p.reading and p
+                ),
             )
             assert sender.is_alive() or again.queued > 0  # requests are left: unread or unanswered
 
@@ -221,9 +193,10 @@ def test_a_client_that_stops_reading_is_aborted_after_the_idle_timeout(hasty: Se
         sender = Sender(sock, raw)
         sender.start()
         wait_for(
-            "the server pauses writing", lambda: (p := probe(hasty, sock)) is not None and p.write_paused
+            "the server pauses writing",
+            lambda: (p := probe(hasty, sock, "http")) is not None and p.write_paused,
         )
-        wait_for("the server drops the stalled connection", lambda: probe(hasty, sock) is None)
+        wait_for("the server drops the stalled connection", lambda: probe(hasty, sock, "http") is None)
         answered = 0
         buf = bytearray()
         with pytest.raises(ConnectionError):  # reset (or closed): not a timeout
@@ -247,7 +220,8 @@ def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> No
         sender = Sender(sock, raw)
         sender.start()
         wait_for(
-            "the server pauses writing", lambda: (p := probe(hasty, sock)) is not None and p.write_paused
+            "the server pauses writing",
+            lambda: (p := probe(hasty, sock, "http")) is not None and p.write_paused,
         )
         buf = bytearray()
         answers = []
@@ -261,71 +235,6 @@ def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> No
 
 
 # ---- a mock transport: the two pause reasons and the sweeper --------------------------------------
-
-
-class FlowTransport:
-    """Buffers what is written; ``pause_writing`` over ``high`` bytes, ``resume_writing`` when the
-    client's reads bring it to ``low`` or under, as asyncio's transports do."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: HttpConnection, high: int) -> None:
-        self.loop, self.conn = loop, conn
-        self.high, self.low = high, high // 4
-        self.buffer = bytearray()
-        self.received = bytearray()  # what the client has read
-        self.reading = True
-        self.closing = False
-        self.aborted = False
-        self.write_paused = False
-        self.most = 0
-        conn.connection_made(cast(asyncio.Transport, self))
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def write(self, data: bytes) -> None:
-        assert not self.closing
-        self.buffer += data
-        self.most = max(self.most, len(self.buffer))
-        if not self.write_paused and len(self.buffer) > self.high:
-            self.write_paused = True
-            self.conn.pause_writing()
-
-    def writelines(self, parts: list[bytes]) -> None:
-        for p in parts:
-            self.write(p)
-
-    def get_write_buffer_size(self) -> int:
-        return len(self.buffer)
-
-    def client_reads(self, n: int | None = None) -> None:
-        n = len(self.buffer) if n is None else n
-        self.received += self.buffer[:n]
-        del self.buffer[:n]
-        if self.write_paused and len(self.buffer) <= self.low:
-            self.write_paused = False
-            self.conn.resume_writing()
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def is_reading(self) -> bool:
-        return self.reading and not self.closing
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        if not self.closing:
-            self.closing = True
-            self.loop.call_soon(self.conn.connection_lost, None)
-
-    def abort(self) -> None:
-        self.aborted = True
-        self.buffer.clear()
-        self.close()
 
 
 class Harness:
@@ -344,7 +253,8 @@ class Harness:
             return HttpConnection(HttpServer(service))
 
         self.conn = self.loop.run_until_complete(make())
-        self.transport = FlowTransport(self.loop, self.conn, high)
+        self.transport = MockTransport(self.loop, high, low=high // 4)
+        self.transport.attach(self.conn)
 
     def _route(self, service: InferenceService, req: HttpRequest) -> Any:
         parts = req.path.strip("/").split("/")

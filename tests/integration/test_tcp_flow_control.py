@@ -8,9 +8,7 @@ timing: waits are for conditions, with generous deadlines."""
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import pytest
@@ -19,9 +17,9 @@ from lumenrt.client import TcpClient
 from lumenrt.engine.engine import Engine
 from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.service import ServeLimits
-from lumenrt.ingress.tcp_server import MAX_IN_FLIGHT, TcpFrontEnd
+from lumenrt.ingress.tcp_server import MAX_IN_FLIGHT
 from lumenrt.protocols import tcp as tp
-from tests.integration.flow_clients import WAIT_S, Sampler, Sender, non_reading_client, wait_for
+from tests.integration.flow_clients import WAIT_S, Sampler, Sender, non_reading_client, probe, wait_for
 
 PATIENT = ServeLimits(receive_timeout_s=30.0, idle_timeout_s=60.0)
 HASTY = ServeLimits(receive_timeout_s=1.0, idle_timeout_s=1.0)
@@ -108,36 +106,6 @@ class Reader:
             self.decoder.feed(data)
 
 
-@dataclass(frozen=True)
-class Probe:
-    write_paused: bool
-    load_paused: bool
-    reading: bool
-    buffered: int  # transport.get_write_buffer_size()
-    high: int  # the transport's high-water mark
-
-
-def probe(st: ServerThread, client: socket.socket) -> Probe | None:
-    """The server side of ``client``'s connection, read on the server's loop (None: gone)."""
-    port = client.getsockname()[1]
-
-    async def look() -> Probe | None:
-        front = cast(TcpFrontEnd, st.app.front_ends["tcp"])
-        for conn in front.connections:
-            t = conn.transport
-            if t is not None and t.get_extra_info("peername")[1] == port:
-                return Probe(
-                    conn.write_paused,
-                    conn.load_paused,
-                    t.is_reading(),
-                    t.get_write_buffer_size(),
-                    t.get_write_buffer_limits()[1],
-                )
-        return None
-
-    return cast(Probe | None, st.call(look()))
-
-
 def answer_size(st: ServerThread) -> int:
     """The bytes of one answer frame, from a client that reads."""
     with socket.create_connection(("127.0.0.1", st.ports["tcp"]), timeout=WAIT_S) as sock:
@@ -160,18 +128,18 @@ def assert_bounded(sampler: Sampler, answer_bytes: int) -> None:
 def test_a_client_that_never_reads_is_aborted_after_the_idle_timeout(hasty: ServerThread) -> None:
     answer_bytes = answer_size(hasty)
     with non_reading_client(hasty, "tcp") as sock:
-        sampler = Sampler(lambda: probe(hasty, sock))
+        sampler = Sampler(lambda: probe(hasty, sock, "tcp"))
         sampler.start()
         sender = Sender(sock, workload(N))
         sender.start()
         try:
             wait_for(
                 "the server pauses writing and reading",
-                lambda: (p := probe(hasty, sock)) is not None and p.write_paused and not p.reading,
+                lambda: (p := probe(hasty, sock, "tcp")) is not None and p.write_paused and not p.reading,
             )
             # a graceful close would keep the connection until a client that never reads has
             # read its answers: it is gone only once aborted
-            wait_for("the server drops the stalled connection", lambda: probe(hasty, sock) is None)
+            wait_for("the server drops the stalled connection", lambda: probe(hasty, sock, "tcp") is None)
         finally:
             sampler.stop()
         reader = Reader(sock)
@@ -190,14 +158,14 @@ def test_a_client_that_does_not_read_stops_the_server_then_gets_every_answer(
 ) -> None:
     answer_bytes = answer_size(patient)
     with non_reading_client(patient, "tcp") as sock:
-        sampler = Sampler(lambda: probe(patient, sock))
+        sampler = Sampler(lambda: probe(patient, sock, "tcp"))
         sampler.start()
         sender = Sender(sock, workload(N))
         sender.start()
         try:
             wait_for(
                 "the server pauses writing and reading",
-                lambda: (p := probe(patient, sock)) is not None and p.write_paused and not p.reading,
+                lambda: (p := probe(patient, sock, "tcp")) is not None and p.write_paused and not p.reading,
             )
             reader = Reader(sock)
             reader.read(N)
@@ -224,7 +192,8 @@ def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> No
         sender = Sender(sock, workload(N))
         sender.start()
         wait_for(
-            "the server pauses writing", lambda: (p := probe(hasty, sock)) is not None and p.write_paused
+            "the server pauses writing",
+            lambda: (p := probe(hasty, sock, "tcp")) is not None and p.write_paused,
         )
         reader = Reader(sock)
         for count in range(50, N + 50, 50):

@@ -41,7 +41,6 @@ from lumenrt.native import (
     ring_required_bytes,
 )
 
-AnyRuntime = ModelRuntime
 COMPLETION_CAPACITY = 1 << 16  # async completions in flight at once across all models (guessed ample)
 
 
@@ -149,10 +148,10 @@ class Engine:
         self.repository = ModelRepository(Path(repository))
         settings = settings or EngineConfig()
         self.settings = settings
-        self._runtimes: dict[str, dict[int, AnyRuntime]] = {}
+        self._runtimes: dict[str, dict[int, ModelRuntime]] = {}
         # every runtime an async completion may still name: the loaded ones, and closed ones until
         # their last record is released (pruned at each load)
-        self._by_id: dict[int, AnyRuntime] = {}
+        self._by_id: dict[int, ModelRuntime] = {}
         self._next_id = 0
         self._async: _AsyncCompletions | None = None
         self.closed = False
@@ -169,7 +168,7 @@ class Engine:
     def load(self, name: str) -> None:
         """Load (or reload) every version the model's version policy selects."""
         loaded = self.repository.load(name)
-        fresh: dict[int, AnyRuntime] = {}
+        fresh: dict[int, ModelRuntime] = {}
         try:
             for lm in loaded:
                 n = lm.config.instance_group.count or self.settings.thread_count or len(self.settings.cores)
@@ -223,7 +222,7 @@ class Engine:
     def models(self) -> list[str]:
         return sorted(self._runtimes)
 
-    def runtime(self, name: str, version: int | None = None) -> "AnyRuntime":
+    def runtime(self, name: str, version: int | None = None) -> ModelRuntime:
         versions = self._runtimes.get(name)
         if not versions:
             raise ModelNotFound(
@@ -291,7 +290,7 @@ class Engine:
 
     def submit_callback(
         self,
-        rt: "AnyRuntime",
+        rt: ModelRuntime,
         inputs: Mapping[str, Any],
         on_answer: Callable[[InferRequest], None],
         context: Any = None,
@@ -364,7 +363,7 @@ class Engine:
             for rt in versions.values():
                 rt.begin_shutdown()
 
-    def _finish(self, rt: "AnyRuntime", req: InferRequest) -> InferResult:
+    def _finish(self, rt: ModelRuntime, req: InferRequest) -> InferResult:
         try:
             if req.error is not None:
                 raise req.error

@@ -182,7 +182,6 @@ class ProcessPool:
         self._spawn_error: BaseException | None = None
         self._started = False  # start() returned: deaths from now on are replaced
         self.stopping = False  # shutdown began: no worker is replaced any more
-        self._closed = False
         # per-request statistics as the thread pool keeps them, added up where answers are read:
         # one WorkerStats per reading thread (the completion thread, synchronous callers), so each
         # has one writer; with it, request rows by the size of the batch they ran in
@@ -227,8 +226,7 @@ class ProcessPool:
     def ready(self) -> bool:
         status = self._status
         return (
-            not self._closed
-            and status is not None
+            status is not None
             and all(p is not None and p.is_alive() for p in self._procs)
             and bool(np.all(status[:, 1] == READY))
         )
@@ -240,7 +238,6 @@ class ProcessPool:
 
     def close(self, timeout_s: float) -> None:
         """Steps 1-3 of the shutdown order (see the top); the request ring is closed."""
-        self._closed = True
         for i, p in enumerate(self._procs):  # still loading: it holds no request, and would only
             if p is not None and p.pid is not None and self._status[i, 1] == STARTING:  # see the
                 p.kill()  # closed ring once its model has loaded
@@ -463,7 +460,7 @@ class ProcessPool:
 
     def _report_death(self, i: int) -> None:
         """Worker i is gone: fail what it held (WORKER_DIED notices to the completion thread)."""
-        if not self._closed:
+        if not self._rt.closed:  # a death while shutting down is the shutdown's
             self.worker_deaths += 1
         notices = {(int(item.request_id), int(item.slot), int(item.aux1)) for item in self._rt.ring.recover()}
         hold = self._holds[i]

@@ -135,7 +135,7 @@ def worker_main(spec: WorkerSpec) -> None:
     status[spec.index, :2] = (os.getpid(), READY)
     batcher = Batcher(HeldSource(requests, region, hold_offset), batch_policy(config))
     plan = batch_plan(config)
-    sink = SlotSink(config, pool, completions, latches, hold_ids, cancel, status[spec.index])
+    sink = SlotSink(config, completions, latches, hold_ids, cancel, status[spec.index])
     try:
         while True:
             try:
@@ -168,19 +168,18 @@ class SlotSink:
     its hold entry is marked done. Requests and batches are counted in the status table; the rest
     of the statistics where the answer is read (process_pool.py)."""
 
-    __slots__ = ("_cancel", "_completions", "_config", "_hold_ids", "_latches", "_pool", "_status")
+    __slots__ = ("_cancel", "_completions", "_config", "_hold_ids", "_latches", "_status")
 
     def __init__(
         self,
         config: ModelConfig,
-        pool: SlabPool,
         completions: Ring,
         latches: Latches,
         hold_ids: Any,
         cancel: Any,
         status: Any,
     ) -> None:
-        self._config, self._pool, self._completions, self._latches = config, pool, completions, latches
+        self._config, self._completions, self._latches = config, completions, latches
         self._hold_ids, self._cancel, self._status = hold_ids, cancel, status
 
     def inputs(self, request: HeldRequest) -> dict[str, Array]:

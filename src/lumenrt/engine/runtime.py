@@ -170,11 +170,6 @@ class ModelRuntime:
         )
         self.workers = pool_class(self, backend=backend, model_path=model_path, placements=placements)
 
-    @property
-    def pool(self) -> SlabPool | None:
-        """The arena (the name statistics and tests know it by)."""
-        return self.arena
-
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 120) -> None:

@@ -173,7 +173,7 @@ class ThreadWorker:
         batcher = Batcher(source, self._policy, self._board, self.index)
         records = self._table.records
         plan = batch_plan(self.config)
-        sink = ThreadSink(self.stats, self._table, self._signal, self.config.name)
+        sink = ThreadSink(self.stats, self._table, self._signal)
         try:
             while True:
                 try:
@@ -192,10 +192,10 @@ class ThreadSink:
     """execute.py's sink for a worker thread: a request is its record; the model's output arrays
     are its answer (views of one batch's outputs), completed through the request table."""
 
-    __slots__ = ("_name", "_signal", "_table", "stats")
+    __slots__ = ("_signal", "_table", "stats")
 
-    def __init__(self, stats: WorkerStats, table: RequestTable, signal: list[int], model_name: str) -> None:
-        self.stats, self._table, self._signal, self._name = stats, table, signal, model_name
+    def __init__(self, stats: WorkerStats, table: RequestTable, signal: list[int]) -> None:
+        self.stats, self._table, self._signal = stats, table, signal
 
     def inputs(self, request: InferRequest) -> dict[str, Array]:
         return request.inputs

@@ -30,6 +30,7 @@ from typing import NoReturn
 
 from lumenrt.protocols.tcp import HEADER_BYTES, MAX_PAYLOAD_BYTES, Frame, ProtocolError, read_header
 
+Header = tuple[int, int, int, int, int]  # kind, flags, request id, metadata bytes, payload bytes
 BUFFER_BYTES = 64 << 10  # guessed: holds many small frames per read; bigger frames get their own
 MIN_READ_BYTES = 4096  # guessed: the least free space handed to a read before compacting
 
@@ -40,6 +41,7 @@ class FrameReceiver:
     __slots__ = (
         "_big",
         "_big_have",
+        "_big_head",
         "_buf",
         "_end",
         "_error",
@@ -73,6 +75,7 @@ class FrameReceiver:
         self._end = 0  # end of the bytes received
         self._big: bytearray | None = None  # a frame larger than _buf, being received
         self._big_have = 0
+        self._big_head: Header = (0, 0, 0, 0, 0)  # its header, read when it started
         self._error: ProtocolError | None = None
 
     @property
@@ -123,53 +126,44 @@ class FrameReceiver:
         buf, pos, end = self._buf, self._start, self._end
         while end - pos >= HEADER_BYTES:
             try:
-                kind, flags, rid, meta_len, payload_len = read_header(
-                    buf, pos, self.max_meta_bytes, self.max_frame_bytes
-                )
+                head = read_header(buf, pos, self.max_meta_bytes, self.max_frame_bytes)
             except ProtocolError as err:
                 self._fail(err)
-            need = HEADER_BYTES + meta_len + payload_len
+            need = HEADER_BYTES + head[3] + head[4]
             if end - pos < need:
                 if need > len(buf):  # larger than the buffer: its own, of exactly its size
-                    self._start_big(pos, end, need)
+                    self._start_big(pos, end, need, head)
                     return
                 break
-            body = pos + HEADER_BYTES
+            self._start = pos + need  # before the call: a raising callee keeps the frames after it
+            self._deliver(self._ro, pos, head)
             pos += need
-            self._start = pos  # before the call: a raising callee keeps the frames after it
-            self.frames += 1
-            ro = self._ro
-            self.on_frame(
-                Frame(kind, flags, rid, bytes(ro[body : body + meta_len]), ro, body + meta_len, payload_len)
-            )
             if self.paused:
                 return
         if pos == end:
             self._start = self._end = 0  # all delivered: the next read starts at the front
 
-    def _start_big(self, pos: int, end: int, need: int) -> None:
+    def _deliver(self, view: memoryview, at: int, head: Header) -> None:
+        """Hand the frame at ``view[at:]`` (its header ``head`` already read) to ``on_frame``."""
+        kind, flags, rid, meta_len, payload_len = head
+        body = at + HEADER_BYTES
+        self.frames += 1
+        self.on_frame(
+            Frame(kind, flags, rid, bytes(view[body : body + meta_len]), view, body + meta_len, payload_len)
+        )
+
+    def _start_big(self, pos: int, end: int, need: int, head: Header) -> None:
         big = bytearray(need)  # its header passed the limits (invariant 2)
         have = end - pos
         big[:have] = self._view[pos:end]
-        self._big, self._big_have = big, have
+        self._big, self._big_have, self._big_head = big, have, head
         self._start = self._end = 0
 
     def _deliver_big(self) -> None:
         big = self._big
         assert big is not None
         self._big, self._big_have = None, 0
-        try:
-            kind, flags, rid, meta_len, payload_len = read_header(
-                big, 0, self.max_meta_bytes, self.max_frame_bytes
-            )
-        except ProtocolError as err:  # pragma: no cover - checked when it started
-            self._fail(err)
-        self.frames += 1
-        view = memoryview(big).toreadonly()
-        meta_end = HEADER_BYTES + meta_len
-        self.on_frame(
-            Frame(kind, flags, rid, bytes(view[HEADER_BYTES:meta_end]), view, meta_end, payload_len)
-        )
+        self._deliver(memoryview(big).toreadonly(), 0, self._big_head)
 
     def _make_room(self) -> None:
         """Move the undelivered tail to the front (a copy of at most one partial frame, or of the

@@ -139,3 +139,11 @@ int lrtpy_get_window(PyObject *buf, Py_ssize_t offset, Py_buffer *view, char **b
     }
     return 0;
 }
+
+int lrtpy_attach_window(PyObject *args, PyObject *kw, PyObject **buf, Py_ssize_t *offset, Py_buffer *view,
+                        char **base, size_t *avail) {
+    static char *kwlist[] = {"buffer", "offset", NULL};
+    *offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|n", kwlist, buf, offset)) return -1;
+    return lrtpy_get_window(*buf, *offset, view, base, avail);
+}

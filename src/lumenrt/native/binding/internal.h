@@ -58,6 +58,11 @@ int lrtpy_as_spin_ns(PyObject *o, int64_t *ns);    /* spin_ns >= 0; absent = 0 *
  * owns `view` and must PyBuffer_Release it (or keep it for the lifetime of a handle). */
 int lrtpy_get_window(PyObject *buf, Py_ssize_t offset, Py_buffer *view, char **base, size_t *avail);
 
+/* The (buffer, offset=0) arguments every type's ``attach`` takes, and the window they name
+ * (lrtpy_get_window: the same ownership of `view`). */
+int lrtpy_attach_window(PyObject *args, PyObject *kw, PyObject **buf, Py_ssize_t *offset, Py_buffer *view,
+                        char **base, size_t *avail);
+
 /* ---- the types ----------------------------------------------------------------------------- */
 
 extern PyTypeObject lrtpy_item_type, lrtpy_region_type, lrtpy_ring_type, lrtpy_slab_pool_type,

@@ -69,14 +69,12 @@ static PyObject *slab_create(PyObject *cls, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *slab_attach(PyObject *cls, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"buffer", "offset", NULL};
     PyObject *buf;
-    Py_ssize_t offset = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|n", kwlist, &buf, &offset)) return NULL;
+    Py_ssize_t offset;
     Py_buffer view;
     char *base;
     size_t avail;
-    if (lrtpy_get_window(buf, offset, &view, &base, &avail) < 0) return NULL;
+    if (lrtpy_attach_window(args, kw, &buf, &offset, &view, &base, &avail) < 0) return NULL;
     lrt_slab *s;
     int rc = lrt_slab_attach(base, avail, &s);
     if (rc != LRT_OK) {
