@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -140,10 +141,14 @@ def browser() -> Iterator[WebDriver]:
 
 
 def _wait(what: str, check: Callable[[], T | None], board: Dashboard, driver: WebDriver) -> T:
-    """Poll ``check`` until it returns a truthy value, for at most RENDER_TIMEOUT_S."""
+    """Poll ``check`` until it returns a truthy value, for at most RENDER_TIMEOUT_S. An element that
+    Streamlit re-rendered between being found and being read counts as not there yet."""
     deadline = time.monotonic() + RENDER_TIMEOUT_S
     while True:
-        value = check()
+        try:
+            value = check()
+        except StaleElementReferenceException:
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:
