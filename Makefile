@@ -36,6 +36,10 @@ install: $(BIN)/python
 	  (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1)) || \
 	  echo "note: could not install Debian's chromium + chromium-driver: the dashboard browser test will be skipped"
+	@command -v prometheus >/dev/null || \
+	  (apt-get install -y -q prometheus >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus >/dev/null 2>&1)) || \
+	  echo "note: could not install Debian's prometheus: the Prometheus scrape e2e test will be skipped"
 
 serve: install
 	$(BIN)/lumenrt serve $(ARGS)

@@ -98,7 +98,8 @@ COMMANDS: tuple[Command, ...] = (
         "open the Streamlit dashboard over a results folder",
         "Start a Streamlit app on 127.0.0.1 over the result files in RESULTS_DIR (default results/): "
         "latency over time, throughput over time, percentiles and CDF, time per stage, and runs side by "
-        "side (architecture matrix, peer table).",
+        "side (architecture matrix, peer table). With --live URL, instead: a running server's metrics "
+        "scraped every second, plotted per model (throughput, p50/p99, queue depth).",
         "lumenrt.dashboard.launch:add_arguments",
         "lumenrt.dashboard.launch:run_from_args",
         extra="dashboard",

@@ -20,6 +20,8 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "bench": ("faster_fifo", "zmq"),  # benchmarks/queues.py compares against them (skipped without)
     "dashboard": ("streamlit", "plotly"),  # `lumenrt dashboard`; plotly alone: `lumenrt bench report`
     "torch": ("torch",),  # the PyTorch backend
+    # `lumenrt serve --trace`: OpenTelemetry spans over OTLP/HTTP (observability/tracing.py)
+    "trace": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
 }
 
 
@@ -33,7 +35,8 @@ class MissingExtra(Exception):
 
 
 def is_installed(module: str) -> bool:
-    """Whether a top-level module can be imported, without importing it."""
+    """Whether a module can be imported, without importing it (a dotted name imports its parent
+    packages, which for an extra's namespace package such as ``opentelemetry`` is nothing)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # ValueError: in sys.modules with no __spec__
@@ -50,4 +53,11 @@ def require(extra: str, *modules: str) -> None:
 def extra_providing(module: str) -> str | None:
     """The extra that provides a module or one of its submodules (``plotly.subplots``: dashboard)."""
     top = module.partition(".")[0]
-    return next((extra for extra, provided in EXTRA_MODULES.items() if top in provided), None)
+    return next(
+        (
+            extra
+            for extra, provided in EXTRA_MODULES.items()
+            if top in {m.partition(".")[0] for m in provided}
+        ),
+        None,
+    )

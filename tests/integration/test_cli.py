@@ -197,7 +197,20 @@ def test_extras_table_matches_pyproject() -> None:
         return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
 
     by_module = importlib.metadata.packages_distributions()
+
+    def distributions(module: str) -> list[str]:
+        """Those providing ``module``; a dotted one (in a namespace package shared by several
+        distributions, e.g. ``opentelemetry.sdk``): those whose files hold its folder."""
+        if "." not in module:
+            return by_module[module]
+        folder = module.replace(".", "/") + "/"
+        return [
+            d.metadata["Name"]
+            for d in importlib.metadata.distributions()
+            if any(str(f).startswith(folder) for f in d.files or ())
+        ]
+
     for extra, modules in EXTRA_MODULES.items():
-        provided = {d.lower().replace("_", "-") for m in modules for d in by_module[m]}
+        provided = {d.lower().replace("_", "-") for m in modules for d in distributions(m)}
         assert provided == names(project["optional-dependencies"][extra]), extra
         assert not provided & names(project["dependencies"]), extra

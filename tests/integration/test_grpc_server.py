@@ -730,14 +730,15 @@ def test_a_queued_request_past_its_timeout_parameter_is_not_run(
         timed.parameters["timeout"].int64_param = 100_000  # 0.1 s, server side; no client deadline
         late = stub.ModelInfer.future(timed)
         queued = stub.ModelInfer.future(slow_request(3.0), timeout=1.0)  # client deadline, in the queue
-        # waiting for the client deadline (1 s) also lets the 0.1 s timeout pass
-        assert queued.exception(30).code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        wait_idle(st, held=2)  # the server's side of `queued` is cancelled too: it will not run
-        gate.set()
-        assert doubled(first.result(30)) == [2.0, -2.0]
+        # answered at its deadline, while the worker is still held: not when a worker reaches it
         err = late.exception(30)
         assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "timed out" in err.details() and "not run" in err.details()
+        assert "deadline passed" in err.details() and "before a worker answered" in err.details()
+        assert queued.exception(30).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_idle(st, held=1)  # the server's side of `queued` is cancelled too: it will not run
+        assert not gate.is_set()
+        gate.set()
+        assert doubled(first.result(30)) == [2.0, -2.0]
         wait_idle(st)
         assert doubled(stub.ModelInfer(slow_request(4.0), timeout=30)) == [8.0, -8.0]
         assert stub.ServerReady(service_pb2.ServerReadyRequest()).ready

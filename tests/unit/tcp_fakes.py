@@ -27,6 +27,7 @@ class NoLane:
 
 class FakeRuntime:
     lane = NoLane()
+    levels = 1
 
     def __init__(self) -> None:
         self.config = ModelConfig(
@@ -38,6 +39,10 @@ class FakeRuntime:
         )
         self.version = 1
         self.released = 0
+        self.cancelled: list[Any] = []  # requests the service cancelled (their client went)
+
+    def cancel(self, req: Any) -> None:
+        self.cancelled.append(req)
 
     def release(self, req: Any) -> None:
         self.released += 1
@@ -72,8 +77,15 @@ class FakeEngine:
         return self.rt
 
     def submit_callback(
-        self, rt: Any, inputs: Any, on_answer: Any, context: Any = None, *, timeout_s: float | None = None
-    ) -> None:
+        self,
+        rt: Any,
+        inputs: Any,
+        on_answer: Any,
+        context: Any = None,
+        *,
+        timeout_s: float | None = None,
+        priority: int = 0,
+    ) -> Any:
         """As Engine.submit_callback: the inputs are copied now (they are views of the connection's
         receive buffer), the answer comes back on the loop once ``hold`` is open."""
         self.started += 1
@@ -83,7 +95,7 @@ class FakeEngine:
             req.outputs = {"y": x * 2}
             self.finished += 1
             on_answer(req)
-            return
+            return req
 
         async def answer() -> None:
             try:
@@ -97,9 +109,16 @@ class FakeEngine:
         task = (self.loop or asyncio.get_running_loop()).create_task(answer())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return req
 
     async def infer_async(
-        self, model: str, inputs: Any, *, version: int | None = None, timeout_s: float | None = None
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        version: int | None = None,
+        timeout_s: float | None = None,
+        priority: int = 0,
     ) -> InferResult:
         self.started += 1
         try:

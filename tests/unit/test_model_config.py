@@ -15,6 +15,7 @@ from lumenrt.engine.config import (
     DynamicBatching,
     InstanceGroup,
     ModelConfig,
+    QueuePolicy,
     TensorSpec,
 )
 from lumenrt.engine.repository import load_model_config
@@ -114,6 +115,27 @@ def test_empty_dynamic_batching_enables_it_with_defaults(tmp_path: Path) -> None
     assert load_model_config(path, default_name="digits").dynamic_batching == DynamicBatching()
 
 
+def test_queue_policies_per_priority_level(tmp_path: Path) -> None:
+    text = """
+backend: fake
+max_batch_size: 4
+dynamic_batching:
+  priority_levels: 3
+  default_priority_level: 2
+  default_queue_policy: {max_queue_size: 10, default_timeout_microseconds: 500}
+  priority_queue_policy:
+    1: {max_queue_size: 2, allow_timeout_override: false, timeout_action: DELAY}
+"""
+    db = load_model_config(write(tmp_path, "config.yaml", text), default_name="digits").dynamic_batching
+    assert db is not None and db.levels == 3
+    assert db.policy(1) == QueuePolicy(2, 0, allow_timeout_override=False, timeout_action="DELAY")
+    assert db.policy(2) == db.policy(3) == QueuePolicy(10, 500)
+    assert (db.max_queue_size, db.default_timeout_us) == (10, 500)  # the default policy's
+    assert (db.level_of(0), db.level_of(1), db.level_of(3)) == (2, 1, 3)
+    assert DynamicBatching(max_queue_size=7).policy(1) == QueuePolicy(7, 0)  # one level, the shortcuts
+    assert DynamicBatching().level_of(0) == 1
+
+
 def test_triton_spellings_are_accepted(tmp_path: Path) -> None:
     text = """
 backend: fake
@@ -211,6 +233,51 @@ BROKEN_YAML = [
         BASE + "dynamic_batching: {max_queue_delay_microseconds: 100}\n",
         "dynamic_batching.max_queue_delay_microseconds",
         "did you mean 'max_queue_delay_us'",
+    ),
+    (
+        BASE + "dynamic_batching: {priority_levels: 17}\n",
+        "dynamic_batching.priority_levels",
+        "got 17",
+    ),
+    (
+        BASE + "dynamic_batching: {priority_levels: 2, default_priority_level: 3}\n",
+        "dynamic_batching.default_priority_level",
+        "got 3",
+    ),
+    (
+        BASE + "dynamic_batching: {priority_levels: 2, priority_queue_policy: {3: {max_queue_size: 4}}}\n",
+        "dynamic_batching.priority_queue_policy.3",
+        "a priority level must be 1 .. priority_levels (2), got 3",
+    ),
+    (
+        BASE + "dynamic_batching: {priority_queue_policy: [1]}\n",
+        "dynamic_batching.priority_queue_policy",
+        "must be a mapping of level: policy",
+    ),
+    (
+        BASE + "dynamic_batching: {default_queue_policy: {timeout_action: DROP}}\n",
+        "dynamic_batching.default_queue_policy.timeout_action",
+        "must be one of REJECT, DELAY; got 'DROP'",
+    ),
+    (
+        BASE + "dynamic_batching: {default_queue_policy: {max_queue_size: 0}}\n",
+        "dynamic_batching.default_queue_policy.max_queue_size",
+        "must be >= 1, got 0",
+    ),
+    (
+        BASE + "dynamic_batching: {default_queue_policy: {allow_timeout_override: 1}}\n",
+        "dynamic_batching.default_queue_policy.allow_timeout_override",
+        "must be true or false, got 1",
+    ),
+    (
+        BASE + "dynamic_batching: {default_queue_policy: {default_timeout_us: 5}}\n",
+        "dynamic_batching.default_queue_policy.default_timeout_us",
+        "did you mean 'default_timeout_microseconds'",
+    ),
+    (
+        BASE + "dynamic_batching: {max_queue_size: 4, default_queue_policy: {max_queue_size: 8}}\n",
+        "dynamic_batching.max_queue_size",
+        "give it inside default_queue_policy",
     ),
     (BASE + "instance_group: {count: -1}\n", "instance_group.count", "got -1"),
     (BASE + "instance_group: {cores: [0, -1]}\n", "instance_group.cores[1]", "got -1"),

@@ -34,7 +34,7 @@ def message(call: Any, *args: Any) -> str:
         ({"timeout": MAX_TIMEOUT_US}, RequestParameters(timeout_s=MAX_TIMEOUT_US / 1e6)),
         ({"lumenrt_timing": True, "binary_data_output": True}, RequestParameters(timing=True, binary_data_output=True)),
         ({"timeout": None, "lumenrt_timing": None}, RequestParameters()),  # null: not given
-        ({"priority": 3, "sequence_id": 0, "sequence_start": False, "x_custom": [1]}, RequestParameters()),
+        ({"priority": 3, "sequence_id": 0, "sequence_start": False, "x_custom": [1]}, RequestParameters(priority=3)),
     ],
 )  # fmt: skip
 def test_good_request_parameters(params: dict[str, Any], expected: RequestParameters) -> None:

@@ -298,8 +298,17 @@ def test_version_mismatch_names_both_versions() -> None:
     assert "protocol version 2 is not supported" in err.message and "version 1" in err.message
 
 
-def test_reserved_field_must_be_zero() -> None:
-    assert "reserved header field is 5" in fatal(header(reserved=5)).message
+def test_reserved_field_must_be_zero_outside_requests() -> None:
+    assert "reserved header field is 5" in fatal(header(kind=tp.RESPONSE, reserved=5)).message
+
+
+def test_a_request_carries_its_priority_in_the_reserved_field() -> None:
+    frames: list[Frame] = []
+    parts = tp.encode_request(7, "m", {"x": np.zeros(2, np.float32)}, priority=3)
+    FrameDecoder(frames.append).feed(b"".join(bytes(p) for p in parts))
+    assert [(f.request_id, f.priority) for f in frames] == [(7, 3)]
+    with pytest.raises(ValueError, match=r"priority must be in 0\.\.65535"):
+        tp.encode_request(8, "m", {"x": np.zeros(2, np.float32)}, priority=1 << 16)
 
 
 def test_oversize_frame_is_refused_from_its_header_alone() -> None:

@@ -64,6 +64,7 @@ def encode_infer(
     timing: bool = False,
     binary: bool = True,
     request_id: str = "",
+    priority: int = 0,
 ) -> HttpRequest:
     header: dict[str, Any] = {}
     if request_id:
@@ -73,6 +74,8 @@ def encode_infer(
         params[TIMING_PARAMETER] = True
     if timeout_s is not None:
         params["timeout"] = max(1, round(timeout_s * 1e6))
+    if priority:
+        params["priority"] = priority
     tensors: list[dict[str, Any]] = []
     raws: list[bytes | memoryview] = []
     for name, value in inputs.items():
@@ -240,11 +243,12 @@ class HttpClient:
         timing: bool = False,
         binary: bool = True,
         request_id: str = "",
+        priority: int = 0,
     ) -> InferResult:
         """``request_id``: sent as the request's ``id`` and echoed in the answer (none by default:
         HTTP/1.1 answers in order, and a request without one has a header the server decodes once
         per signature)."""
-        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, request_id)
+        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, request_id, priority)
         status, headers, body = self._request("POST", req.path, req.body, req.headers)
         return decode_infer(status, headers, body)
 
@@ -374,10 +378,11 @@ class AsyncHttpClient:
         timing: bool = False,
         binary: bool = True,
         request_id: str = "",
+        priority: int = 0,
     ) -> InferResult:
         """``request_id``: sent as the request's ``id`` and echoed in the answer (none by default:
         HTTP/1.1 answers in order, and a request without one has a header the server decodes once
         per signature)."""
-        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, request_id)
+        req = encode_infer(model, inputs, outputs, version, timeout_s, timing, binary, request_id, priority)
         status, headers, body = await self._request("POST", req.path, req.body, req.headers)
         return decode_infer(status, headers, body)

@@ -74,6 +74,7 @@ class _Codec:
         version: str | int | None,
         timeout_s: float | None,
         timing: bool,
+        priority: int = 0,
     ) -> list[Any]:
         return self.requests.encode(
             request_id,
@@ -83,6 +84,7 @@ class _Codec:
             () if outputs is None else tuple(outputs),
             _timeout_us(timeout_s),
             FLAG_TIMING if timing else 0,
+            priority,
         )
 
     def result(self, frame: Frame) -> InferResult:
@@ -212,9 +214,11 @@ class TcpClient:
         version: str | int | None = None,
         timeout_s: float | None = None,
         timing: bool = False,
+        priority: int = 0,
     ) -> InferResult:
-        """One request, answered: outputs by name (every output unless ``outputs`` names some)."""
-        return self.recv(self.send(model, inputs, outputs, version, timeout_s, timing))
+        """One request, answered: outputs by name (every output unless ``outputs`` names some).
+        ``priority``: its priority level, 1 first (0: the model's default level)."""
+        return self.recv(self.send(model, inputs, outputs, version, timeout_s, timing, priority))
 
     def send(
         self,
@@ -224,12 +228,13 @@ class TcpClient:
         version: str | int | None = None,
         timeout_s: float | None = None,
         timing: bool = False,
+        priority: int = 0,
     ) -> int:
         """Send a request without waiting; returns its id for ``recv``."""
         sock = self._ready_socket()
         rid = self._next_id
         self._next_id = rid + 1 if rid < (1 << 64) - 1 else 1
-        parts = self._codec.encode(rid, model, inputs, outputs, version, timeout_s, timing)
+        parts = self._codec.encode(rid, model, inputs, outputs, version, timeout_s, timing, priority)
         try:
             if len(parts) == 1:  # small frames come joined from the encoder
                 sock.sendall(parts[0])
@@ -425,6 +430,7 @@ class AsyncTcpClient:
         version: str | int | None = None,
         timeout_s: float | None = None,
         timing: bool = False,
+        priority: int = 0,
     ) -> InferResult:
         protocol = self._protocol
         if protocol is None or protocol.lost is not None:
@@ -438,7 +444,7 @@ class AsyncTcpClient:
             raise ConnectionError(f"connection to {self.host}:{self.port} lost: {protocol.lost}")
         rid = self._next_id
         self._next_id = rid + 1 if rid < (1 << 64) - 1 else 1
-        parts = self._codec.encode(rid, model, inputs, outputs, version, timeout_s, timing)
+        parts = self._codec.encode(rid, model, inputs, outputs, version, timeout_s, timing, priority)
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         protocol.pending[rid] = future
         if len(parts) == 1:

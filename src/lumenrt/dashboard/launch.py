@@ -1,4 +1,5 @@
-"""``lumenrt dashboard``: run the Streamlit app (``app.py``) over a results folder as a child.
+"""``lumenrt dashboard``: run the Streamlit app (``app.py``) over a results folder as a child,
+or with ``--live URL`` the live view of a running server's metrics (``live_app.py``).
 
 The child gets its own process group, so a terminal's Ctrl-C reaches it once, through this
 process (which forwards SIGINT and SIGTERM), and this command's exit status is the child's.
@@ -16,6 +17,7 @@ from types import FrameType
 from lumenrt.extras import require
 
 APP_PATH = Path(__file__).with_name("app.py")
+LIVE_APP_PATH = Path(__file__).with_name("live_app.py")
 _STOP_WAIT_S = 10.0  # after forwarding a stop: Streamlit closes its sessions within a second or two
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
@@ -34,16 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab (run headless)")
+    parser.add_argument(
+        "--live",
+        metavar="URL",
+        help="instead of result files, plot a running server's metrics every second: its metrics URL "
+        "(http://HOST:PORT/metrics) or base URL (http://HOST:PORT)",
+    )
 
 
-def streamlit_command(results_dir: Path, host: str, port: int, browser: bool) -> list[str]:
-    """The child's command line: ``python -m streamlit run app.py ... -- --results DIR``."""
+def streamlit_command(
+    results_dir: Path, host: str, port: int, browser: bool, live_url: str | None = None
+) -> list[str]:
+    """The child's command line: ``python -m streamlit run app.py ... -- --results DIR``, or with
+    ``live_url`` ``... live_app.py ... -- --url URL``."""
+    app, app_args = APP_PATH, ["--results", str(results_dir)]
+    if live_url is not None:
+        app, app_args = LIVE_APP_PATH, ["--url", live_url]
     return [
         sys.executable,
         "-m",
         "streamlit",
         "run",
-        str(APP_PATH),
+        str(app),
         "--server.address",
         host,
         "--server.port",
@@ -57,8 +71,7 @@ def streamlit_command(results_dir: Path, host: str, port: int, browser: bool) ->
         "--client.toolbarMode",
         "viewer",  # no "Deploy" button: this is a local viewer of result files
         "--",
-        "--results",
-        str(results_dir),
+        *app_args,
     ]
 
 
@@ -73,7 +86,16 @@ def url_of(host: str, port: int) -> str:
 def run_from_args(args: argparse.Namespace) -> int:
     """Start the app, print its URL, wait for it; its exit status (128+N when killed by signal N)."""
     root = Path(args.results_dir)
-    if not root.is_dir():
+    live_url = None
+    if args.live is not None:
+        from lumenrt.dashboard.live_metrics import MetricsError, metrics_url
+
+        try:
+            live_url = metrics_url(args.live)
+        except MetricsError as e:
+            print(f"lumenrt dashboard: {e}", file=sys.stderr)
+            return 2
+    elif not root.is_dir():
         print(
             f"lumenrt dashboard: {root}: no such folder (pass the folder `lumenrt bench ...` wrote "
             "its results into, default results/)",
@@ -81,7 +103,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
         return 2
     require("dashboard")  # `lumenrt dashboard` checks first; here for callers other than cli.py
-    command = streamlit_command(root.resolve(), args.host, args.port, not args.no_browser)
+    command = streamlit_command(root.resolve(), args.host, args.port, not args.no_browser, live_url)
     child = subprocess.Popen(command, process_group=0)
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -90,7 +112,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    print(f"lumenrt dashboard: {url_of(args.host, args.port)} over {root} (Ctrl-C stops it)", flush=True)
+    source = root if live_url is None else f"live {live_url}"
+    print(f"lumenrt dashboard: {url_of(args.host, args.port)} over {source} (Ctrl-C stops it)", flush=True)
     try:
         status = child.wait()
     finally:

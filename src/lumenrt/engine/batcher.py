@@ -68,6 +68,45 @@ class RingSource:
         return len(self._ring)
 
 
+class PrioritySource:
+    """Requests from one ring per priority level (thread pool, ``priority_levels`` > 1), highest
+    level first. A doorbell ring carries one token per request queued at any level; a worker blocks
+    on the doorbell, and each token it takes entitles it to one request from the level rings.
+
+    Invariant: at every instant, requests queued in the level rings >= tokens in the doorbell plus
+    tokens taken whose request is not yet taken, because admission pushes the request before its
+    token (runtime.py). So a worker holding n tokens finds n requests, scanning the levels from the
+    highest; a request pushed whose token could not be (the doorbell closed under it, at unload)
+    is answered by the runtime after the workers end (``ModelRuntime.close``)."""
+
+    def __init__(self, rings: list[Ring], doorbell: Ring, latches: Latches | None = None) -> None:
+        self._rings = rings
+        self._doorbell = doorbell
+        self._latches = latches
+        self.signal: list[int] = []
+
+    def take(self, max_n: int, timeout_s: float | None) -> list[Item]:
+        tokens = len(
+            self._doorbell.pop_many(max_n, timeout_s=timeout_s, latches=self._latches, signal=self.signal)
+        )
+        taken: list[Item] = []
+        while len(taken) < tokens:
+            for ring in self._rings:
+                try:
+                    taken += ring.pop_many(tokens - len(taken), timeout_s=0)
+                except RingClosed:
+                    continue  # closed and empty: the others hold the rest
+                if len(taken) == tokens:
+                    break
+        return taken
+
+    def rows(self, request: Item) -> int:
+        return request_rows(request)
+
+    def waiting(self) -> int:
+        return len(self._doorbell)
+
+
 class IdleBoard:
     """One flag per worker of a model: True while it waits for its first request. Each flag is
     written only by its own worker (no lock); readers may see a stale value for an instant, which

@@ -43,12 +43,48 @@ class TensorSpec:
     dims: tuple[int, ...]  # without the batch dimension when max_batch_size > 0; -1 = variable
 
 
+TIMEOUT_ACTIONS = ("REJECT", "DELAY")
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """Triton's ModelQueuePolicy, for one priority level (or every level: the default)."""
+
+    max_queue_size: int = 1024  # requests waiting at this level; beyond it: rejected at once
+    default_timeout_us: int = 0  # Triton's default_timeout_microseconds; 0 = none unless the request sets one
+    allow_timeout_override: bool = True  # False: a request's own timeout is ignored
+    timeout_action: str = "REJECT"  # REJECT: answered at its deadline; DELAY: runs after the on-time ones
+
+
 @dataclass(frozen=True, slots=True)
 class DynamicBatching:
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_delay_us: int = 0
-    max_queue_size: int = 1024  # requests waiting for this model; beyond it: rejected at once
-    default_timeout_us: int = 0  # 0 = no deadline unless the request sets one
+    max_queue_size: int = 1024  # the default policy's: requests waiting; beyond it: rejected at once
+    default_timeout_us: int = 0  # the default policy's: 0 = no deadline unless the request sets one
+    priority_levels: int = 0  # 0 or 1: one queue; N: levels 1 (first served) .. N
+    default_priority_level: int = 0  # the level of a request that names none (0: the lowest, N)
+    default_queue_policy: QueuePolicy | None = None  # None: max_queue_size and default_timeout_us
+    priority_queue_policy: tuple[tuple[int, QueuePolicy], ...] = ()  # (level, policy) overrides
+
+    @property
+    def levels(self) -> int:
+        return max(self.priority_levels, 1)
+
+    def policy(self, level: int) -> QueuePolicy:
+        """The queue policy of priority ``level`` (1 .. levels)."""
+        for lv, pol in self.priority_queue_policy:
+            if lv == level:
+                return pol
+        if self.default_queue_policy is not None:
+            return self.default_queue_policy
+        return QueuePolicy(self.max_queue_size, self.default_timeout_us)
+
+    def level_of(self, priority: int) -> int:
+        """A request's level: its ``priority`` (1 .. levels; 0 = the default level)."""
+        if priority == 0:
+            return self.default_priority_level or self.levels
+        return priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +106,7 @@ class ModelConfig:
     warmup: int = 0  # inference runs on zeros at load, per instance
     version_policy: str = "latest"  # "latest" | "all" | "specific"
     versions: tuple[int, ...] = ()  # with version_policy "specific"
+    response_cache: bool = False  # Triton's response_cache.enable: answers kept within the server's budget
     source: str = ""  # the config file this came from (for error messages)
 
 
@@ -88,9 +125,21 @@ _MODEL_KEYS = (
     "parameters",
     "warmup",
     "version_policy",
+    "response_cache",
 )
 _TENSOR_KEYS = ("name", "datatype", "data_type", "dims")  # data_type: Triton's spelling
-_BATCHING_KEYS = ("preferred_batch_size", "max_queue_delay_us", "max_queue_size", "default_timeout_us")
+_BATCHING_KEYS = (
+    "preferred_batch_size",
+    "max_queue_delay_us",
+    "max_queue_size",
+    "default_timeout_us",
+    "priority_levels",
+    "default_priority_level",
+    "default_queue_policy",
+    "priority_queue_policy",
+)
+_POLICY_KEYS = ("max_queue_size", "default_timeout_microseconds", "allow_timeout_override", "timeout_action")
+MAX_PRIORITY_LEVELS = 16  # guessed: more levels than any scheduling scheme here needs; each is a ring
 _INSTANCE_KEYS = ("count", "cores", "kind")
 _INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU")  # Triton's; lumenrt places instances on CPU cores
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")  # safe in a URL path and as a folder name
@@ -144,6 +193,7 @@ def model_config_from_dict(raw: Mapping[str, Any], source: str, default_name: st
         warmup=read_int(raw.get("warmup", 0), source, "warmup", minimum=0),
         version_policy=policy,
         versions=versions,
+        response_cache=_response_cache(raw.get("response_cache", {}), source),
         source=source,
     )
 
@@ -214,14 +264,14 @@ def _dynamic_batching(raw: Any, source: str, max_batch_size: int) -> DynamicBatc
             raise ConfigError(
                 source, f"{path}[{i}]", f"must be <= max_batch_size ({max_batch_size}), got {size}"
             )
-    return DynamicBatching(
-        preferred_batch_size=preferred,
-        max_queue_delay_us=read_int(
-            raw.get("max_queue_delay_us", defaults.max_queue_delay_us),
-            source,
-            "dynamic_batching.max_queue_delay_us",
-            minimum=0,
-        ),
+    delay_us = read_int(
+        raw.get("max_queue_delay_us", defaults.max_queue_delay_us),
+        source,
+        "dynamic_batching.max_queue_delay_us",
+        minimum=0,
+    )
+    # the shortcuts max_queue_size / default_timeout_us, or Triton's default_queue_policy (not both)
+    shortcut = QueuePolicy(
         max_queue_size=read_int(
             raw.get("max_queue_size", defaults.max_queue_size),
             source,
@@ -235,6 +285,87 @@ def _dynamic_batching(raw: Any, source: str, max_batch_size: int) -> DynamicBatc
             minimum=0,
         ),
     )
+    default_policy = shortcut
+    explicit: QueuePolicy | None = None
+    if "default_queue_policy" in raw:
+        for key in ("max_queue_size", "default_timeout_us"):
+            if key in raw:
+                raise ConfigError(
+                    source,
+                    f"dynamic_batching.{key}",
+                    "give it inside default_queue_policy (as Triton names it), not beside it",
+                )
+        default_policy = explicit = _queue_policy(
+            raw["default_queue_policy"], source, "dynamic_batching.default_queue_policy"
+        )
+    levels = read_int(
+        raw.get("priority_levels", 0),
+        source,
+        "dynamic_batching.priority_levels",
+        minimum=0,
+        maximum=MAX_PRIORITY_LEVELS,
+    )
+    default_level = read_int(
+        raw.get("default_priority_level", 0),
+        source,
+        "dynamic_batching.default_priority_level",
+        minimum=0,
+        maximum=max(levels, 0),
+    )
+    per_level: list[tuple[int, QueuePolicy]] = []
+    raw_levels = raw.get("priority_queue_policy", {})
+    if not isinstance(raw_levels, Mapping):
+        raise ConfigError(
+            source,
+            "dynamic_batching.priority_queue_policy",
+            f"must be a mapping of level: policy, got {_show(raw_levels)}",
+        )
+    for key, value in raw_levels.items():
+        path = f"dynamic_batching.priority_queue_policy.{key}"
+        level = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
+        if not 1 <= level <= max(levels, 1) or isinstance(key, bool):
+            raise ConfigError(
+                source, path, f"a priority level must be 1 .. priority_levels ({levels}), got {_show(key)}"
+            )
+        per_level.append((level, _queue_policy(value, source, path)))
+    return DynamicBatching(
+        preferred_batch_size=preferred,
+        max_queue_delay_us=delay_us,
+        max_queue_size=default_policy.max_queue_size,
+        default_timeout_us=default_policy.default_timeout_us,
+        priority_levels=levels,
+        default_priority_level=default_level,
+        default_queue_policy=explicit,
+        priority_queue_policy=tuple(sorted(per_level)),
+    )
+
+
+def _queue_policy(raw: Any, source: str, path: str) -> QueuePolicy:
+    raw = check_keys(raw, _POLICY_KEYS, source, path)
+    defaults = QueuePolicy()
+    return QueuePolicy(
+        max_queue_size=read_int(
+            raw.get("max_queue_size", defaults.max_queue_size), source, f"{path}.max_queue_size", minimum=1
+        ),
+        default_timeout_us=read_int(
+            raw.get("default_timeout_microseconds", 0),
+            source,
+            f"{path}.default_timeout_microseconds",
+            minimum=0,
+        ),
+        allow_timeout_override=read_bool(
+            raw.get("allow_timeout_override", True), source, f"{path}.allow_timeout_override"
+        ),
+        timeout_action=read_choice(
+            raw.get("timeout_action", "REJECT"), TIMEOUT_ACTIONS, source, f"{path}.timeout_action"
+        ),
+    )
+
+
+def _response_cache(raw: Any, source: str) -> bool:
+    """Triton's ``response_cache: {enable: true}``; off when absent."""
+    raw = check_keys(raw, ("enable",), source, "response_cache")
+    return read_bool(raw.get("enable", False), source, "response_cache.enable")
 
 
 def _instance_group(raw: Any, source: str) -> InstanceGroup:

@@ -19,6 +19,8 @@ may need it.
 """
 
 import asyncio
+import heapq
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -29,7 +31,14 @@ from lumenrt.backends.base import Placement, get_backend
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.descriptors import answer_model_id, try_push_answer
 from lumenrt.engine.repository import ModelNotFound, ModelRepository
-from lumenrt.engine.request import Array, EngineError, InferRequest, ModelNotReady, StageTimes
+from lumenrt.engine.request import (
+    Array,
+    EngineError,
+    InferRequest,
+    ModelNotReady,
+    RequestTimeout,
+    StageTimes,
+)
 from lumenrt.engine.runtime import ModelRuntime, RuntimeOptions
 from lumenrt.engine.server_config import EngineConfig
 from lumenrt.native import (
@@ -42,6 +51,9 @@ from lumenrt.native import (
 )
 
 COMPLETION_CAPACITY = 1 << 16  # async completions in flight at once across all models (guessed ample)
+DEADLINE_SLACK_NS = (
+    200_000  # a deadline this close is answered in the same timer pass (guessed: < 1 loop turn)
+)
 
 
 @dataclass(slots=True)
@@ -90,6 +102,13 @@ class _AsyncCompletions:
         self.outstanding = 0  # submitted and not yet resolved (event loop thread only)
         self.overflow: deque[tuple[int, int]] = deque()  # (model id, request index)
         self.overflowed = 0
+        # Deadlines of the requests in flight that have one: a heap of (deadline_ns, model id,
+        # request index, generation), stale entries skipped when popped; one loop timer for the
+        # earliest (``watch`` / ``_expire``, event loop thread only).
+        self._deadlines: list[tuple[int, int, int, int]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_ns = 0
+        self.answered_at_deadline = 0
         # Waits on this handle happen only in poll(): spin for the whole window, never sleep
         # (a futex wake-up costs ~10 us here, the whole of a small model's compute).
         self.ring.spin_ns = engine.settings.spin_us * 1000
@@ -127,7 +146,41 @@ class _AsyncCompletions:
             if len(self.ring) == 0 and not overflow:  # re-check after arming (see notifier.h)
                 return
 
+    def watch(self, req: InferRequest) -> None:  # event loop thread
+        """Answer ``req`` at its deadline if no worker has by then (see Engine._answer_late)."""
+        deadlines = self._deadlines
+        heapq.heappush(deadlines, (req.deadline_ns, req.model_id, req.index, req.generation))
+        if self._timer is None or req.deadline_ns < self._timer_ns:
+            self._arm(req.deadline_ns)
+        elif len(deadlines) > 4 * COMPLETION_CAPACITY:  # bound the stale entries (long deadlines)
+            self._deadlines = [e for e in deadlines if self._engine._awaiting(*e[1:])]
+            heapq.heapify(self._deadlines)
+
+    def _arm(self, at_ns: int) -> None:
+        loop = self.loop
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if loop is None:
+            return
+        self._timer_ns = at_ns
+        self._timer = loop.call_later(max(at_ns - time.monotonic_ns(), 0) / 1e9, self._expire)
+
+    def _expire(self) -> None:  # event loop thread: the timer
+        self._timer = None
+        deadlines = self._deadlines
+        now_ns = time.monotonic_ns()
+        while deadlines and deadlines[0][0] <= now_ns + DEADLINE_SLACK_NS:
+            _, model_id, index, generation = heapq.heappop(deadlines)
+            if self._engine._answer_late(model_id, index, generation, now_ns):
+                self.answered_at_deadline += 1
+        if deadlines:
+            self._arm(deadlines[0][0])
+
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.loop is not None and not self.loop.is_closed():
             self.loop.remove_reader(self.notifier.fileno())
         self.loop = None
@@ -296,19 +349,25 @@ class Engine:
         context: Any = None,
         *,
         timeout_s: float | None = None,
-    ) -> None:
+        priority: int = 0,
+    ) -> InferRequest:
         """Queue a request from the event loop thread without a Task or Future: ``on_answer(req)``
         runs in that thread once it is answered (``req.outputs`` or ``req.error``; ``req.context``
-        is ``context``). The callee owns the request from then on: it reads it and calls
-        ``rt.release(req)`` exactly once. Raises (EngineError, InvalidInput) when admission
-        refuses, and then never calls back."""
+        is ``context``), by a worker or, if none has by then, at its deadline (504). The callee
+        owns the request from then on: it reads it and calls ``rt.release(req)`` exactly once.
+        Raises (EngineError, InvalidInput) when admission refuses, and then never calls back.
+        Returns the request, to ``cancel`` it while ``req.context is context`` (it may already
+        be answered and released when this returns: then its context is not)."""
         completions = self._bind(asyncio.get_running_loop())
-        req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done)
+        req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done, priority=priority)
         req.on_answer = on_answer  # read by _resolve, in this thread, after this returns
         req.context = context
         completions.outstanding += 1
+        if req.deadline_ns:
+            completions.watch(req)
         if completions.outstanding == 1 and self.settings.spin_us:
             completions.poll(self.settings.spin_us / 1e6)  # inline completion (see the top)
+        return req
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> _AsyncCompletions:
         completions = self._async
@@ -324,14 +383,18 @@ class Engine:
         *,
         version: int | None = None,
         timeout_s: float | None = None,
+        priority: int = 0,
     ) -> InferResult:
+        """Answered by a worker, or at its deadline (RequestTimeout) if none has by then."""
         loop = asyncio.get_running_loop()
         completions = self._bind(loop)
         rt = self.runtime(model, version)
         future: asyncio.Future[None] = loop.create_future()
-        req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done)
+        req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done, priority=priority)
         req.future = future
         completions.outstanding += 1
+        if req.deadline_ns:
+            completions.watch(req)
         if completions.outstanding == 1 and self.settings.spin_us:
             completions.poll(self.settings.spin_us / 1e6)  # inline completion (see the top)
         try:
@@ -346,6 +409,11 @@ class Engine:
             self._async.outstanding -= 1
         rt = self._by_id[model_id]
         req = rt.table.records[index]
+        if req.answered_early:  # its caller had its answer at the deadline: free it once released
+            req.worker_answered = True
+            if req.caller_released:
+                rt.release(req)
+            return
         on_answer = req.on_answer
         if on_answer is not None:  # submit_callback: the callee reads and releases it
             on_answer(req)
@@ -355,6 +423,39 @@ class Engine:
             rt.release(req)
             return
         future.set_result(None)
+
+    def _awaiting(self, model_id: int, index: int, generation: int) -> bool:
+        """True while that request is in flight for an asynchronous caller, not yet answered."""
+        rt = self._by_id.get(model_id)
+        if rt is None:
+            return False
+        req = rt.table.records[index]
+        if req.generation != generation or req.answered_early:
+            return False
+        if req.on_answer is not None:
+            return True
+        future = req.future
+        return future is not None and not future.done()
+
+    def _answer_late(self, model_id: int, index: int, generation: int, now_ns: int) -> bool:
+        """Its deadline passed and no worker has answered it: answer the caller now with a
+        timeout (504); the worker's answer, when it comes, only frees the record (``_resolve``).
+        A worker that reaches it later finds it expired and does not run it."""
+        if not self._awaiting(model_id, index, generation):
+            return False
+        rt = self._by_id[model_id]
+        req = rt.table.records[index]
+        req.answered_early = True
+        waited_us = (now_ns - req.times.received_ns) // 1000
+        req.error = RequestTimeout(
+            f"model {rt.config.name!r}: deadline passed after {waited_us} us, before a worker answered"
+        )
+        on_answer = req.on_answer
+        if on_answer is not None:
+            on_answer(req)
+        else:
+            req.future.set_result(None)
+        return True
 
     def begin_shutdown(self) -> None:
         """Shutdown began (the server drains): no worker process is replaced from now on; what

@@ -36,6 +36,7 @@ Invariants
 """
 
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +44,7 @@ from typing import Any
 
 from lumenrt.backends.base import Backend, BackendSession, Placement
 from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.histograms import DURATION_BOUNDS_NS
 from lumenrt.engine.request import Array, EngineError, StageTimes
 from lumenrt.engine.validate import validate_inputs
 from lumenrt.engine.worker import WorkerStats, zeros_for
@@ -178,6 +180,13 @@ class InlineLane:
         stats.input_ns += t1 - t0
         stats.infer_ns += t2 - t1
         stats.batch_rows[rows] = stats.batch_rows.get(rows, 0) + 1
+        stats.queue_buckets[0] += 1  # never queued: 0 ns
+        stats.compute_buckets[bisect_left(DURATION_BOUNDS_NS, t2 - t1)] += 1
+        batch = stats.batch_ns.get(rows)
+        if batch is None:
+            batch = stats.batch_ns[rows] = [0, 0, 0]
+        batch[0] += t1 - t0
+        batch[1] += t2 - t1
         return outputs
 
     def describe(self) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import multiprocessing.connection
 import os
 import threading
 import time
+from bisect import bisect_left
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ from lumenrt.engine.descriptors import (
     ring_capacity,
 )
 from lumenrt.engine.execute import CANCELLED_MESSAGE, timed_out_message
+from lumenrt.engine.histograms import DURATION_BOUNDS_NS
 from lumenrt.engine.process_worker import READY, STARTING, STATUS_COLS, WorkerSpec, worker_main
 from lumenrt.engine.request import (
     EngineError,
@@ -265,6 +267,7 @@ class ProcessPool:
         rt.table.latches = Latches.create(Region.anonymous(latches_required_bytes(records)), records)
         del self._completions
         del rt.ring
+        rt.level_rings, rt.doorbell = [], None  # the rings live in the region too
         rt.region.close()
         os.close(rt._fd)
         self._stop_r.close()
@@ -381,11 +384,24 @@ class ProcessPool:
         elif code == FAILED:
             stats.failures += 1
         elif code == OK:
-            stats.queue_ns += t.dequeued_ns - t.enqueued_ns
-            stats.input_ns += t.compute_start_ns - t.dequeued_ns
-            stats.infer_ns += t.compute_end_ns - t.compute_start_ns
-            stats.output_ns += time.monotonic_ns() - t.compute_end_ns
+            queue_ns = t.dequeued_ns - t.enqueued_ns
+            input_ns = t.compute_start_ns - t.dequeued_ns
+            infer_ns = t.compute_end_ns - t.compute_start_ns
+            output_ns = time.monotonic_ns() - t.compute_end_ns
+            stats.queue_ns += queue_ns
+            stats.input_ns += input_ns
+            stats.infer_ns += infer_ns
+            stats.output_ns += output_ns
+            stats.queue_buckets[bisect_left(DURATION_BOUNDS_NS, queue_ns)] += 1
+            stats.compute_buckets[bisect_left(DURATION_BOUNDS_NS, infer_ns)] += 1
             rows_seen[t.batch_size] = rows_seen.get(t.batch_size, 0) + req.rows
+            # per batch size, weighted by the request's share of its batch (statistics divides)
+            batch = stats.batch_ns.get(t.batch_size)
+            if batch is None:
+                batch = stats.batch_ns[t.batch_size] = [0, 0, 0]
+            batch[0] += input_ns * req.rows
+            batch[1] += infer_ns * req.rows
+            batch[2] += output_ns * req.rows
 
     def _supervise(self) -> None:
         """The supervisor thread (see the top): spawns, watches, fails, replaces, reaps."""
@@ -485,7 +501,20 @@ class ProcessPool:
         total.requests = int(status[:, 2].sum()) if status is not None else 0
         total.batches = int(status[:, 3].sum()) if status is not None else 0
         total.batch_rows = {size: rows // size for size, rows in rows_seen.items() if size > 0}
+        # the readers' batch_ns are summed per request times its rows (``_count``): per batch,
+        # a batch's requests together weigh its size
+        total.batch_ns = {
+            size: [ns // size for ns in times] for size, times in total.batch_ns.items() if size > 0
+        }
+        ready = 0
+        if status is not None:
+            ready = sum(
+                1
+                for i, p in enumerate(self._procs)
+                if p is not None and p.is_alive() and status[i, 1] == READY
+            )
         return {
+            "workers_ready": ready,
             "worker_deaths": self.worker_deaths,
             "replacement_failures": self.replacement_failures,
             "pids": [int(p.pid) if p is not None and p.pid else 0 for p in self._procs],

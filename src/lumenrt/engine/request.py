@@ -88,6 +88,12 @@ class InferRequest:
     generation: int = 0  # process mode: bumped at each use, so a late notice cannot hit a new request
     finished: bool = False  # process mode: completed once (notices after that are ignored)
     slot: int = -1  # process mode: the arena slot holding its tensors
+    level: int = 1  # its priority level (1 is served first)
+    # Answered at its deadline by the event loop (engine.py) before a worker answered it: the record
+    # is released once both the caller has released it and the worker's answer has come back.
+    answered_early: bool = False
+    caller_released: bool = False
+    worker_answered: bool = False
 
     def reset(self) -> None:
         self.inputs = {}
@@ -103,6 +109,8 @@ class InferRequest:
         self.context = None
         self.finished = False
         self.slot = -1
+        self.level = 1
+        self.answered_early = self.caller_released = self.worker_answered = False
 
 
 class RequestTable:

@@ -128,15 +128,29 @@ class ModelRuntime:
         self.config, self.version, self.options = config, version, options
         self.model_id = 0  # set by the engine: index used by async completions
         db = config.dynamic_batching
-        self._max_queue = db.max_queue_size if db is not None else 1024
+        self.levels = db.levels if db is not None else 1
+        if self.levels > 1 and options.worker_mode == "process":
+            raise ValueError(
+                f"model {config.name!r}: dynamic_batching.priority_levels > 1 needs the thread pool "
+                "(--mode thread): worker processes take requests from one ring"
+            )
+        # per priority level: its queue bound (the default policy's without levels)
+        self._level_max = [
+            db.policy(lv).max_queue_size if db is not None else 1024 for lv in range(1, self.levels + 1)
+        ]
+        self._max_queue = sum(self._level_max)
         per_batch = max(config.max_batch_size, 1)
         # records: every queued request plus what the workers may hold (a batch each, and a carry)
         table_size = self._max_queue + 2 * per_batch * len(placements)
         self._arena_plan = arena_plan(config, options, table_size)
         pool_class = ProcessPool if options.worker_mode == "process" else ThreadPool
         lay = Layout()
-        ring_cap = ring_capacity(self._max_queue)
+        ring_cap = ring_capacity(self._level_max[0])
         lay.add(ring_required_bytes(ring_cap), name="requests")
+        for lv in range(2, self.levels + 1):
+            lay.add(ring_required_bytes(ring_capacity(self._level_max[lv - 1])), name=f"requests_{lv}")
+        if self.levels > 1:  # one token per request queued at any level (batcher.PrioritySource)
+            lay.add(ring_required_bytes(ring_capacity(self._max_queue)), name="doorbell")
         lay.add(latches_required_bytes(table_size), name="latches")
         if self._arena_plan is not None:
             plan = self._arena_plan
@@ -147,6 +161,24 @@ class ModelRuntime:
         self.ring = Ring.create(self.region, options.queue_type, ring_cap, offset=lay.offsets["requests"])
         self._spin_ns = options.spin_us * 1000
         self.ring.spin_ns = self._spin_ns  # the thread pool's handle: idle workers poll before sleeping
+        self.level_rings = [self.ring] + [
+            Ring.create(
+                self.region,
+                options.queue_type,
+                ring_capacity(self._level_max[lv - 1]),
+                offset=lay.offsets[f"requests_{lv}"],
+            )
+            for lv in range(2, self.levels + 1)
+        ]
+        self.doorbell: Ring | None = None
+        if self.levels > 1:
+            self.doorbell = Ring.create(
+                self.region,
+                options.queue_type,
+                ring_capacity(self._max_queue),
+                offset=lay.offsets["doorbell"],
+            )
+            self.doorbell.spin_ns = self._spin_ns
         self.table = RequestTable(
             table_size,
             Latches.create(
@@ -164,6 +196,9 @@ class ModelRuntime:
             )
         self.arena_fallbacks = 0  # requests too big for a slot (or arena full): copied to fresh arrays
         self.rejected = 0
+        # ``rejected`` by reason (metrics): queue_full (a level's bound, records or arena slots
+        # exhausted, the ring full), unloading, ring_refused
+        self.rejections = {"queue_full": 0, "unloading": 0, "ring_refused": 0}
         self.closed = False
         self.lane = InlineLane(
             config, backend, model_path, options, placements, process_mode=options.worker_mode == "process"
@@ -196,10 +231,33 @@ class ModelRuntime:
             return
         self.closed = True
         self.workers.stop()
-        self.ring.close()
+        for ring in self.level_rings:
+            ring.close()
+        del ring  # no handle left in this frame: process mode unmaps the rings' region below
+        if self.doorbell is not None:
+            self.doorbell.close()
         self.workers.close(timeout_s)
+        if self.doorbell is not None:
+            self._fail_untokened()
         self.lane.close()
         self.workers.release_memory()
+
+    def _fail_untokened(self) -> None:
+        """Requests left in the level rings after the workers ended: pushed just as the doorbell
+        closed, so their token was refused (batcher.PrioritySource). Answered here (invariant 1)."""
+        for ring in self.level_rings:
+            while True:
+                try:
+                    items = ring.pop_many(64, timeout_s=0)
+                except RingClosed:
+                    break
+                if not items:
+                    break
+                for item in items:
+                    req = self.table.records[item.request_id]
+                    req.error = ModelNotReady(f"model {self.config.name!r} is unloading")
+                    req.times.completed_ns = time.monotonic_ns()
+                    self.table.complete_now(req)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -209,13 +267,18 @@ class ModelRuntime:
         *,
         timeout_s: float | None = None,
         on_done: Callable[[InferRequest], None] | None = None,
+        priority: int = 0,
     ) -> InferRequest:
         """Queue the request without waiting: ``on_done`` runs in whichever thread completes it
-        (None: its latch is set, see ``table.latches.wait``)."""
-        req = self._prepare(inputs, timeout_s, on_done)
+        (None: its latch is set, see ``table.latches.wait``). ``priority``: its level, 1 (served
+        first) .. ``levels``; 0: the model's default level."""
+        req = self._prepare(inputs, timeout_s, on_done, priority)
         refused: str | None = None
         try:
-            pushed = try_push_request(self.ring, req)
+            pushed = try_push_request(self.level_rings[req.level - 1], req)
+            doorbell = self.doorbell
+            if pushed and doorbell is not None:
+                doorbell.try_push(req.index)  # after the request (see batcher.PrioritySource)
         except RingClosed:
             pushed = False
         except LrtError as e:
@@ -224,14 +287,22 @@ class ModelRuntime:
             self._refuse(req, refused)
         return req
 
-    def run(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferRequest:
+    def run(
+        self, inputs: Mapping[str, Any], *, timeout_s: float | None = None, priority: int = 0
+    ) -> InferRequest:
         """Synchronous: queue the request and wait for it in this thread (polling ``spin_us``,
         then sleeping, with the GIL released from the push on). Returns it answered; the caller
         reads it, then releases it."""
-        req = self._prepare(inputs, timeout_s, None)
+        req = self._prepare(inputs, timeout_s, None, priority)
         refused: str | None = None
         try:
-            pushed = push_request_wait(self.ring, req, self.table.latches, self._spin_ns)
+            doorbell = self.doorbell
+            if doorbell is None:
+                pushed = push_request_wait(self.ring, req, self.table.latches, self._spin_ns)
+            else:  # the request to its level, then its token, and wait (batcher.PrioritySource)
+                pushed = try_push_request(self.level_rings[req.level - 1], req) and push_request_wait(
+                    doorbell, req, self.table.latches, self._spin_ns
+                )
         except RingClosed:
             pushed = False
         except LrtError as e:  # raised before the push took effect (e.g. too many producer threads)
@@ -250,38 +321,62 @@ class ModelRuntime:
         """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
         if self.closed:
             return None
-        return self.lane.run(inputs, len(self.ring), times, timeout_s)
+        return self.lane.run(inputs, self.queued(), times, timeout_s)
+
+    def queued(self) -> int:
+        """Requests waiting for a worker, at every level."""
+        doorbell = self.doorbell
+        return len(self.ring) if doorbell is None else len(doorbell)
 
     def _prepare(
         self,
         inputs: Mapping[str, Any],
         timeout_s: float | None,
         on_done: Callable[[InferRequest], None] | None,
+        priority: int = 0,
     ) -> InferRequest:
-        """Admission: refuse when unloading, validate, check the queue bound, take a record (and
-        a slot), stamp arrival, set the deadline, copy the inputs in."""
+        """Admission: refuse when unloading, validate, check the queue bound of the request's
+        priority level, take a record (and a slot), stamp arrival, set the deadline from the
+        level's queue policy, copy the inputs in."""
         received_ns = time.monotonic_ns()
         config = self.config
         if self.closed:
             raise ModelNotReady(f"model {config.name!r} is unloading")
+        db = config.dynamic_batching
+        if priority and (
+            isinstance(priority, bool) or not isinstance(priority, int) or not 0 < priority <= self.levels
+        ):
+            raise InvalidInput(
+                f"model {config.name!r}: priority must be 0 (the default level) .. {self.levels} "
+                f"(dynamic_batching.priority_levels), got {priority!r}"
+            )
+        level = db.level_of(priority) if db is not None else 1
         arrays, rows = validate_inputs(config, inputs)
-        if len(self.ring) >= self._max_queue:
+        level_max = self._level_max[level - 1]
+        if len(self.level_rings[level - 1]) >= level_max:
             self.rejected += 1
+            self.rejections["queue_full"] += 1
+            where = f"priority level {level}: " if self.levels > 1 else ""
             raise QueueFull(
-                f"model {config.name!r}: queue full (max_queue_size: {self._max_queue} requests waiting)"
+                f"model {config.name!r}: queue full ({where}max_queue_size: {level_max} requests waiting)"
             )
         req = self.table.acquire()
         if req is None:
             self.rejected += 1
+            self.rejections["queue_full"] += 1
             raise QueueFull(
                 f"model {config.name!r}: all {len(self.table.records)} request records in use "
                 "(requests queued, running, or answered but not yet collected)"
             )
         req.times.received_ns = received_ns
         req.rows = rows
-        db = config.dynamic_batching
-        if timeout_s is None and db is not None and db.default_timeout_us:
-            timeout_s = db.default_timeout_us / 1e6
+        req.level = level
+        if db is not None:
+            policy = db.policy(level)
+            if timeout_s is None or not policy.allow_timeout_override:
+                timeout_s = policy.default_timeout_us / 1e6 if policy.default_timeout_us else None
+            if policy.timeout_action == "DELAY":
+                timeout_s = None  # past its timeout it is not refused: it runs (README: queue policy)
         if timeout_s is not None:
             req.deadline_ns = received_ns + int(timeout_s * 1e9)
         try:
@@ -305,6 +400,7 @@ class ModelRuntime:
                 slot = arena.try_alloc()
                 if slot is None and plan.required:
                     self.rejected += 1
+                    self.rejections["queue_full"] += 1
                     raise QueueFull(
                         f"model {self.config.name!r}: arena full: all {arena.n_slots} slots in use (one "
                         f"per request in flight, {arena.slot_bytes} bytes each: max_batch_size rows of "
@@ -333,9 +429,12 @@ class ModelRuntime:
         self.rejected += 1
         config = self.config
         if self.closed:
+            self.rejections["unloading"] += 1
             raise ModelNotReady(f"model {config.name!r} is unloading")
         if refused is not None:
+            self.rejections["ring_refused"] += 1
             raise EngineError(f"model {config.name!r}: the request ring refused the request: {refused}")
+        self.rejections["queue_full"] += 1
         raise QueueFull(
             f"model {config.name!r}: queue full (max_queue_size: {self._max_queue} requests waiting)"
         )
@@ -356,7 +455,11 @@ class ModelRuntime:
         self.workers.cancel(req)
 
     def release(self, req: InferRequest) -> None:
-        """The caller has read the answer: free the request's slot and record (invariant 4)."""
+        """The caller has read the answer: free the request's slot and record (invariant 4). A
+        request answered at its deadline (engine.py) is freed once its worker has answered too."""
+        if req.answered_early and not req.worker_answered:
+            req.caller_released = True
+            return
         slot = req.slot
         if slot >= 0:
             req.slot = -1
@@ -387,12 +490,17 @@ class ModelRuntime:
             "expired": total.expired,
             "cancelled": total.cancelled,
             "rejected": self.rejected,
+            "rejections": dict(self.rejections),
             "arena_fallbacks": self.arena_fallbacks,
             "queue_ns": total.queue_ns,
             "input_ns": total.input_ns,
             "infer_ns": total.infer_ns,
             "output_ns": total.output_ns,
             "batch_rows": dict(sorted(total.batch_rows.items())),
+            "batch_ns": dict(sorted(total.batch_ns.items())),  # rows -> [input, infer, output] ns
+            "queue_buckets": total.queue_buckets,  # engine/histograms.py: DURATION_BOUNDS_NS
+            "compute_buckets": total.compute_buckets,
+            "queued": self.queued() if not self.closed else 0,
             "arena": arena.stats() if arena is not None else None,
             "ring": self.ring.stats() if not self.closed else None,
             "lane": self.lane.describe(),

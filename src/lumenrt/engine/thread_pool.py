@@ -52,6 +52,8 @@ class ThreadPool:
                 table=runtime.table,
                 pin=runtime.options.pin,
                 board=board,
+                levels=runtime.level_rings if runtime.doorbell is not None else None,
+                doorbell=runtime.doorbell,
             )
             for i, p in enumerate(placements)
         ]
@@ -101,6 +103,7 @@ class ThreadPool:
         for w in self._workers:
             total.add(w.stats)
         return {
+            "workers_ready": sum(1 for w in self._workers if w.alive and w.ready.is_set()),
             "worker_deaths": 0,  # thread workers never die (execute.py) and are never replaced
             "replacement_failures": 0,
             "pids": [os.getpid()] * self.size,

@@ -19,15 +19,17 @@ Shutdown order
 import os
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lumenrt.backends.base import Backend, Placement
-from lumenrt.engine.batcher import Batcher, BatchPolicy, IdleBoard, RingSource
+from lumenrt.engine.batcher import Batcher, BatchPolicy, IdleBoard, PrioritySource, RingSource
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.execute import CANCELLED_MESSAGE, BatchPlan, execute_batch, timed_out_message
+from lumenrt.engine.histograms import DURATION_BOUNDS_NS, add_counts, duration_buckets
 from lumenrt.engine.request import (
     Array,
     EngineError,
@@ -54,6 +56,13 @@ class WorkerStats:
     infer_ns: int = 0  # compute start -> end
     output_ns: int = 0  # compute end -> completed (split, complete)
     batch_rows: dict[int, int] = field(default_factory=dict)  # rows -> batches of that size
+    # Histograms (engine/histograms.py: DURATION_BOUNDS_NS), one count per request run: its queue
+    # wait (queue_ns) and its batch's model run (infer_ns). Batch sizes need none: batch_rows.
+    queue_buckets: list[int] = field(default_factory=duration_buckets)
+    compute_buckets: list[int] = field(default_factory=duration_buckets)
+    # rows -> [input_ns, infer_ns, output_ns] summed over the batches of that size (Triton's
+    # batch_stats; one entry allocated the first time a size runs)
+    batch_ns: dict[int, list[int]] = field(default_factory=dict)
 
     def add(self, other: "WorkerStats") -> None:
         """Add ``other``'s counts to these (a runtime's total over its workers and its lane)."""
@@ -68,6 +77,10 @@ class WorkerStats:
         self.output_ns += other.output_ns
         for rows, n in list(other.batch_rows.items()):
             self.batch_rows[rows] = self.batch_rows.get(rows, 0) + n
+        add_counts(self.queue_buckets, other.queue_buckets)
+        add_counts(self.compute_buckets, other.compute_buckets)
+        for rows, times in list(other.batch_ns.items()):
+            add_counts(self.batch_ns.setdefault(rows, [0, 0, 0]), times)
 
 
 def zeros_for(config: ModelConfig, rows: int) -> dict[str, Array]:
@@ -129,7 +142,11 @@ class ThreadWorker:
         table: RequestTable,
         pin: bool,
         board: IdleBoard | None = None,
+        levels: list[Ring] | None = None,
+        doorbell: Ring | None = None,
     ) -> None:
+        """``levels`` and ``doorbell``: the priority rings (batcher.PrioritySource), when the model
+        has more than one priority level; ``ring`` is then the first level's."""
         self.index = index
         self._board = board
         self.config = config
@@ -140,6 +157,8 @@ class ThreadWorker:
         self._backend = backend
         self._model_path = model_path
         self._ring = ring
+        self._levels = levels
+        self._doorbell = doorbell
         self._table = table
         self._pin = pin
         self._policy = batch_policy(config)
@@ -168,7 +187,11 @@ class ThreadWorker:
             self.ready.set()
             return
         self.ready.set()
-        source = RingSource(self._ring, self._table.latches)
+        source: RingSource | PrioritySource
+        if self._doorbell is not None and self._levels:
+            source = PrioritySource(self._levels, self._doorbell, self._table.latches)
+        else:
+            source = RingSource(self._ring, self._table.latches)
         self._signal = source.signal
         batcher = Batcher(source, self._policy, self._board, self.index)
         records = self._table.records
@@ -192,10 +215,14 @@ class ThreadSink:
     """execute.py's sink for a worker thread: a request is its record; the model's output arrays
     are its answer (views of one batch's outputs), completed through the request table."""
 
-    __slots__ = ("_signal", "_table", "stats")
+    __slots__ = ("_batch_out_ns", "_batch_times", "_signal", "_table", "stats")
 
     def __init__(self, stats: WorkerStats, table: RequestTable, signal: list[int]) -> None:
         self.stats, self._table, self._signal = stats, table, signal
+        # the running batch's stats.batch_ns entry, and the output time already added to it (its
+        # answers add up to the last one's completed - compute end)
+        self._batch_times: list[int] = [0, 0, 0]
+        self._batch_out_ns = -1  # -1: no answer of the batch yet
 
     def inputs(self, request: InferRequest) -> dict[str, Array]:
         return request.inputs
@@ -221,6 +248,11 @@ class ThreadSink:
         stats.requests += n_requests
         stats.batches += 1
         stats.batch_rows[rows] = stats.batch_rows.get(rows, 0) + 1
+        times = stats.batch_ns.get(rows)
+        if times is None:
+            times = stats.batch_ns[rows] = [0, 0, 0]
+        times[1] += end_ns - start_ns
+        self._batch_times, self._batch_out_ns = times, -1
 
     def answer(
         self,
@@ -236,11 +268,21 @@ class ThreadSink:
         times.compute_end_ns = end_ns
         times.batch_size = rows
         request.outputs = outputs
-        stats.queue_ns += now_ns - times.enqueued_ns
+        queue_ns = now_ns - times.enqueued_ns
+        stats.queue_ns += queue_ns
+        stats.queue_buckets[bisect_left(DURATION_BOUNDS_NS, queue_ns)] += 1
         stats.input_ns += start_ns - now_ns
         stats.infer_ns += end_ns - start_ns
+        stats.compute_buckets[bisect_left(DURATION_BOUNDS_NS, end_ns - start_ns)] += 1
         times.completed_ns = time.monotonic_ns()
-        stats.output_ns += times.completed_ns - end_ns
+        out_ns = times.completed_ns - end_ns
+        stats.output_ns += out_ns
+        batch = self._batch_times  # its batch's entry (ran): input once, output up to the last
+        if self._batch_out_ns < 0:  # the batch's first answer
+            batch[0] += start_ns - now_ns
+            self._batch_out_ns = 0
+        batch[2] += out_ns - self._batch_out_ns
+        self._batch_out_ns = out_ns
         self._table.complete(request, self._signal)
 
     def fail(self, request: InferRequest, message: str, cause: BaseException) -> None:

@@ -43,13 +43,21 @@ class ServeOptions:
     grpc_port: int | None = 8001
     tcp_port: int | None = 8003
     limits: ServeLimits = field(default_factory=ServeLimits)
+    cache_size_bytes: int = 0  # the response cache's budget; 0 = no cache (models that enable it warn)
+    metrics: bool = True  # GET /metrics on the HTTP port (observability/metrics.py)
+    metrics_port: int | None = None  # and on a port of their own (0: any free port; None: none)
 
 
 class ServerApp:
     def __init__(self, engine: Engine, options: ServeOptions | None = None) -> None:
         self.engine = engine
         self.options = options or ServeOptions()
-        self.service = InferenceService(engine, self.options.limits)
+        self.service = InferenceService(engine, self.options.limits, self.options.cache_size_bytes)
+        self.service.warn_uncached(engine.models())
+        if self.options.metrics:
+            from lumenrt.observability.metrics import ServiceMetrics
+
+            self.service.metrics = ServiceMetrics(self.service)
         self.front_ends: dict[str, FrontEnd] = {}
 
     @property
@@ -71,6 +79,12 @@ class ServerApp:
                 from lumenrt.ingress.tcp_server import start_tcp
 
                 self.front_ends["tcp"] = await start_tcp(self.service, opts.host, opts.tcp_port)
+            if opts.metrics_port is not None and self.service.metrics is not None:
+                from lumenrt.observability.metrics import MetricsListener
+
+                self.front_ends["metrics"] = MetricsListener(
+                    self.service.metrics, opts.host, opts.metrics_port
+                )
         except BaseException:
             await self._close_front_ends()
             raise

@@ -232,12 +232,28 @@ class GrpcServicer:
         remaining_s = context.time_remaining()  # the client's gRPC deadline, if it set one
         if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
             timeout_s = max(remaining_s, 0.0)
+        service.check_priority(rt, params.priority, "parameters.priority")
         outcome = service.infer_inline(  # a small model: answered now when its queue is empty
-            rt, arrays, outputs, timeout_s=timeout_s, timing=params.timing, received_ns=received_ns
+            rt,
+            arrays,
+            outputs,
+            timeout_s=timeout_s,
+            timing=params.timing,
+            received_ns=received_ns,
+            protocol="grpc",
+            request_id=request.id or None,
         )
-        if outcome is None:
+        if outcome is None:  # a client that cancels cancels this task: the request is dropped
             outcome = await service.infer(
-                rt, arrays, outputs, timeout_s=timeout_s, timing=params.timing, received_ns=received_ns
+                rt,
+                arrays,
+                outputs,
+                timeout_s=timeout_s,
+                timing=params.timing,
+                received_ns=received_ns,
+                priority=params.priority,
+                protocol="grpc",
+                request_id=request.id or None,
             )
         response = pb.ModelInferResponse(
             model_name=outcome.model, model_version=str(outcome.version), id=request.id

@@ -7,6 +7,7 @@ Routes (``{v}`` optional: ``/versions/{v}`` after the model name):
   GET  /v2/models/{m}[/versions/{v}]/ready         200 / 503
   GET  /v2/models/{m}[/versions/{v}]/config        Triton-compatible model config
   GET  /v2/models[/{m}[/versions/{v}]]/stats       Triton statistics
+  GET  /metrics                                     Prometheus metrics (observability/metrics.py)
   POST /v2/models/{m}[/versions/{v}]/infer         JSON, JSON + binary, raw single input
   POST /v2/repository/index | /v2/repository/models/{m}/load | /unload
 
@@ -115,6 +116,7 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._busy = False
         self._in_next = False  # _next is running (see there)
         self._task: asyncio.Task[None] | None = None  # the request being answered
+        self._submitted: _Submit | None = None  # the request last given to the workers
         # the message being parsed
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
@@ -132,7 +134,12 @@ class HttpConnection(Connection, asyncio.Protocol):
     # ---- transport callbacks ------------------------------------------------------------------
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """The client went (or the server closed it): pipelined requests are dropped, and the one
+        with the workers is cancelled: dropped before it runs (its answer, if any, is discarded)."""
         self._queue.clear()
+        submitted = self._submitted
+        if submitted is not None and self._busy:
+            self.service.cancel(submitted)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -299,6 +306,7 @@ class HttpConnection(Connection, asyncio.Protocol):
                 continue
             if isinstance(result, _Submit):  # to the workers: the engine calls back (``_Submit``)
                 result.conn, result.request = self, req
+                self._submitted = result
                 self._busy = True  # before: the engine may answer inside submit (spin_us)
                 try:
                     self.service.submit(result, result.take_arrays(), result.timeout_s)
@@ -323,6 +331,7 @@ class HttpConnection(Connection, asyncio.Protocol):
     def _answered(self, response: Response, req: HttpRequest) -> None:
         """The engine answered the request ``_next`` submitted: write it, go on in order."""
         self._busy = False
+        self._submitted = None
         self._write(response, req.keep_alive, req.http_10)
         self._next()
 
@@ -385,6 +394,9 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
     path = req.path.split("?", 1)[0]
     if "%" in path:
         path = unquote(path)
+    if path == "/metrics":
+        _method(req.method == b"GET", req, "GET")
+        return _metrics(service)
     parts = path.strip("/").split("/")
     if not parts or parts[0] != "v2":
         raise not_found(f"no route for {path!r} (the API is under /v2)")
@@ -429,6 +441,14 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
         _method(get, req, "GET")
         return json_response(service.statistics(name, version))
     raise not_found(f"no route for {path!r}")
+
+
+def _metrics(service: InferenceService) -> Response:
+    """Prometheus's text format (observability/metrics.py); 404 when the server runs without."""
+    metrics = service.metrics
+    if metrics is None:
+        raise not_found("metrics are off (lumenrt serve --no-metrics)")
+    return Response(200, metrics.exposition(), metrics.content_type)
 
 
 def _method(ok: bool, req: HttpRequest, allowed: str) -> None:
@@ -486,8 +506,16 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
         parsed = parse_infer_request(req.body, None, service.limits.max_elements)
     arrays = service.check_inputs(rt, parsed.inputs)
     outputs = service.check_outputs(rt, list(parsed.outputs))
+    service.check_priority(rt, parsed.priority, "parameters.priority")
     outcome = service.infer_inline(  # a small model: answered now when its queue is empty
-        rt, arrays, outputs, timeout_s=parsed.timeout_s, timing=parsed.timing, received_ns=req.received_ns
+        rt,
+        arrays,
+        outputs,
+        timeout_s=parsed.timeout_s,
+        timing=parsed.timing,
+        received_ns=req.received_ns,
+        protocol="http",
+        request_id=parsed.request_id,
     )
     if outcome is not None:
         return _infer_response(outcome, parsed)
@@ -498,20 +526,39 @@ class _Submit:
     """An inference request for the workers, and its answer: the service's ``PendingAnswer`` (no
     Task, coroutine or Future per request; the engine calls back on the loop's thread)."""
 
-    __slots__ = ("_arrays", "conn", "outputs", "parsed", "received_ns", "request", "runtime", "timing")
+    __slots__ = (
+        "_arrays",
+        "conn",
+        "engine_request",
+        "outputs",
+        "parsed",
+        "priority",
+        "received_ns",
+        "request",
+        "runtime",
+        "timing",
+    )
+    protocol = "http"  # the metrics' label (service.PendingAnswer)
 
     def __init__(
         self, rt: Any, arrays: dict[str, Any], outputs: list[str], parsed: Any, received_ns: int
     ) -> None:
         self.runtime, self._arrays, self.outputs, self.parsed = rt, arrays, outputs, parsed
         self.timing: bool = parsed.timing
+        self.priority: int = parsed.priority
         self.received_ns = received_ns
+        self.engine_request: Any = None  # set by the service's submit
         self.conn: HttpConnection | None = None  # set by the connection that submits it
         self.request: HttpRequest | None = None
 
     @property
     def timeout_s(self) -> float | None:
         return self.parsed.timeout_s  # type: ignore[no-any-return]
+
+    @property
+    def request_id(self) -> str | None:
+        """The V2 request's ``id`` (echoed in the answer; the access log's id)."""
+        return self.parsed.request_id  # type: ignore[no-any-return]
 
     def take_arrays(self) -> dict[str, Any]:
         """The inputs, once: the engine copies them at submit, so the body is not kept after."""

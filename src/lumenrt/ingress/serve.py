@@ -12,12 +12,15 @@ segment. Segments of older versions or of the demo whose owner died are swept at
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from lumenrt.ingress.service import ServeLimits
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "tcp": 8003}
 # Workers of `lumenrt serve` sleep at once when idle, unlike the in-process engine's 50 us poll: the
@@ -43,6 +46,16 @@ def _port(text: str) -> int | None:
     return value
 
 
+def _size_bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes >= 0, got {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = (
@@ -53,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "\nOn SIGINT/SIGTERM: readiness false, new requests refused (503), no worker replaced, in-flight\n"
         "requests finish within --grace-s, workers stop, exit 0. On SIGKILL, process-mode workers die\n"
         "with the server and nothing is left in /dev/shm.\n"
+        "\n--config file, section 'server': any flag above by its name with '_' for '-' (http_port: 0,\n"
+        "  no_pin: true, access_log: '-'); the command line overrides it, and it overrides 'engine'.\n"
         "\n--config file keys (section 'engine'; the flags above override them):\n"
         "  queue_type        mpmc | spsc (one worker) | naive | batched             (--queue-type)\n"
         "  allocator_type    lumen_arena | standard (thread mode only)              (--allocator)\n"
@@ -85,9 +100,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "default: the built-in models (squeezenet, digits_mlp, tabular_xgb), built on first use",
     )
     what.add_argument("--models", nargs="+", metavar="NAME", help="load only these models (default: all)")
+    what.add_argument(
+        "--cache-size-bytes",
+        type=_size_bytes,
+        default=0,
+        metavar="N",
+        help="response cache budget shared by the models whose config says response_cache: {enable: true} "
+        "(least recently used answers are evicted past it); default 0 = no cache, even for those models",
+    )
+    obs = p.add_argument_group("metrics (Prometheus: GET /metrics on the HTTP port)")
+    obs.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="also serve the metrics on this port, alone (as Triton's 8002; 0 = any free port); "
+        "default: only on the HTTP port",
+    )
+    obs.add_argument("--no-metrics", action="store_true", help="no metrics: GET /metrics answers 404")
     eng = p.add_argument_group("engine (override the --config file's engine section)")
     eng.add_argument(
-        "--config", type=Path, help="server config file (lumenrt.json / .yaml, an 'engine' section)"
+        "--config",
+        type=Path,
+        help="server config file (lumenrt.json / .yaml: an 'engine' section, and a 'server' section with any "
+        "of these flags)",
     )
     eng.add_argument("--workers", type=int, help="workers per model version (default: one per core)")
     eng.add_argument("--mode", choices=("thread", "process"), help="worker threads or worker processes")
@@ -135,12 +171,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--grace-s", type=float, default=d.grace_s, help="shutdown: time in-flight requests get to finish"
     )
+    from lumenrt.observability.logging import DEFAULT_LOG_LEVEL, LOG_LEVELS
+
+    logs = p.add_argument_group("logs and traces")
+    logs.add_argument(
+        "--log-level", choices=LOG_LEVELS, default=DEFAULT_LOG_LEVEL, help="the server's log (stderr)"
+    )
+    logs.add_argument(
+        "--access-log",
+        metavar="PATH",
+        help="one JSON line per request (id, model, status, stage times in us) appended to PATH; "
+        "'-' = stderr; written by a thread of its own, off the request path (default: none)",
+    )
+    logs.add_argument(
+        "--trace",
+        metavar="URL",
+        help="OpenTelemetry spans per request (queue, batch, compute, return) sent over OTLP/HTTP to URL, "
+        "e.g. http://127.0.0.1:4318/v1/traces (needs the 'trace' extra; default: none)",
+    )
+    from lumenrt.ingress.serve_config import defer_defaults
+
+    defer_defaults(p)  # keep last: the config file's server section takes every flag added above
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     from lumenrt.engine.config import ConfigError
     from lumenrt.engine.server_config import load_engine_config
+    from lumenrt.ingress.serve_config import apply_server_section
+    from lumenrt.observability.logging import redacted, setup_logging
 
+    try:
+        origin = apply_server_section(args)
+    except (ConfigError, OSError) as exc:
+        print(f"lumenrt serve: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level)
+    if origin:
+        given = {k: getattr(args, k) for k, where in origin.items() if where != "default"}
+        source = f"the command line and {args.config}" if args.config is not None else "the command line"
+        logger.debug("settings given (from %s): %s", source, redacted(given))
     try:
         settings = load_engine_config(
             args.config,
@@ -166,16 +235,48 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"lumenrt serve: {exc}", file=sys.stderr)
         return 2
+    if args.no_metrics and args.metrics_port is not None:
+        print(
+            "lumenrt serve: --metrics-port and --no-metrics contradict each other: give one", file=sys.stderr
+        )
+        return 2
+    try:
+        access = _open_access_log(args.access_log, args.trace)
+    except OSError as exc:
+        print(f"lumenrt serve: --access-log {args.access_log}: {exc}", file=sys.stderr)
+        return 2
     from lumenrt.ingress.app import new_event_loop
 
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_serve(args, settings, limits))
+        return loop.run_until_complete(_serve(args, settings, limits, access))
     finally:
         loop.close()
+        if access is not None:  # after the loop: every answer has been recorded
+            access.close()
 
 
-async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits) -> int:
+def _open_access_log(path: str | None, trace_url: str | None) -> Any:
+    """The access log's writer (observability/access_log.py), which also makes the spans of
+    ``--trace``; None when neither is on (then nothing of either is imported)."""
+    if path is None and trace_url is None:
+        return None
+    from lumenrt.observability.access_log import AccessLog
+
+    spans = None
+    if trace_url is not None:
+        from lumenrt.observability.tracing import SpanExporter
+
+        spans = SpanExporter(trace_url)  # raises MissingExtra without the 'trace' extra
+    try:
+        return AccessLog.open(path, spans=spans)
+    except OSError:
+        if spans is not None:
+            spans.close()
+        raise
+
+
+async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits, access: Any = None) -> int:
     from lumenrt.engine.engine import Engine
     from lumenrt.ingress.app import ServeOptions, ServerApp
 
@@ -208,8 +309,18 @@ async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits) -
         return 2
     app = ServerApp(
         engine,
-        ServeOptions(args.host, args.http_port, args.grpc_port, args.tcp_port, limits),
+        ServeOptions(
+            args.host,
+            args.http_port,
+            args.grpc_port,
+            args.tcp_port,
+            limits,
+            cache_size_bytes=args.cache_size_bytes,
+            metrics=not args.no_metrics,
+            metrics_port=args.metrics_port,
+        ),
     )
+    app.service.access_log = access
     try:
         try:
             await app.start()

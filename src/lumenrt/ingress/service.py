@@ -12,16 +12,22 @@ helper thread, one at a time (``_repo_lock``).
 """
 
 import asyncio
+import functools
+import logging
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lumenrt import __version__
 from lumenrt.engine.engine import Engine
+from lumenrt.engine.histograms import DURATION_BOUNDS_NS, duration_buckets
 from lumenrt.engine.request import Array, InferRequest, StageTimes
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
+from lumenrt.ingress.response_cache import CacheInput, CacheKey, CacheStats, ResponseCache
+from lumenrt.observability.access_log import AccessLog
 from lumenrt.protocols.errors import ServerError, bad_request
 
 SERVER_NAME = "lumenrt"
@@ -33,6 +39,8 @@ EXTENSIONS = (
     "schedule_policy",
 )
 # Triton platform names by backend, for model metadata and config (perf_analyzer reads them).
+logger = logging.getLogger(__name__)
+
 PLATFORMS = {
     "onnxruntime": "onnxruntime_onnx",
     "pytorch": "pytorch_libtorch",
@@ -63,6 +71,21 @@ class WireInput:
     array: Array
 
 
+# runtime statistics left out of the "lumenrt" part of Triton-shaped statistics: shown elsewhere
+# (batch_stats) or only for the metrics (histogram buckets)
+_NOT_IN_LUMENRT_STATS = ("arena", "ring", "batch_rows", "batch_ns", "queue_buckets", "compute_buckets")
+
+
+@dataclass(slots=True)
+class ProtocolCounters:
+    """One protocol's answers to one model version (event-loop thread only; the metrics read them)."""
+
+    statuses: dict[int, int] = field(default_factory=dict)  # HTTP-style status -> answers
+    # end to end, received -> answer handed to the front end (engine/histograms.py's buckets)
+    buckets: list[int] = field(default_factory=duration_buckets)
+    sum_ns: int = 0
+
+
 @dataclass(slots=True)
 class _Counters:
     success_count: int = 0
@@ -70,6 +93,7 @@ class _Counters:
     fail_count: int = 0
     fail_ns: int = 0
     last_inference_ms: int = 0
+    protocols: dict[str, ProtocolCounters] = field(default_factory=dict)  # http, grpc, tcp, inprocess
 
 
 class PendingAnswer(Protocol):
@@ -79,6 +103,9 @@ class PendingAnswer(Protocol):
     outputs: list[str]
     timing: bool
     received_ns: int
+    priority: int  # 0: the model's default level
+    protocol: str  # the front end's (metrics label): http, grpc, tcp
+    engine_request: Any  # set by ``submit``: the engine's record, to cancel it (``cancel``)
 
     def answer(self, outcome: "InferOutcome") -> None:
         """Encode and write the answer (before returning: the outputs are released after)."""
@@ -138,7 +165,7 @@ def _outcome(
 
 
 class InferenceService:
-    def __init__(self, engine: Engine, limits: ServeLimits | None = None) -> None:
+    def __init__(self, engine: Engine, limits: ServeLimits | None = None, cache_size_bytes: int = 0) -> None:
         self.engine = engine
         self.limits = limits or ServeLimits()
         self.accepting = True
@@ -146,7 +173,15 @@ class InferenceService:
         self._drain_cut = False  # set by cut_drain(): wait_idle returns at once
         self._lane_turn = False  # a request ran inline in this turn of the event loop
         self._counters: dict[tuple[str, int], _Counters] = {}
+        # observability.metrics.ServiceMetrics (GET /metrics); set by ServerApp, None: --no-metrics
+        self.metrics: Any = None
         self._repo_lock = threading.Lock()  # one load/unload at a time
+        # the response cache (None: --cache-size-bytes 0); see "response cache" below
+        self.cache = ResponseCache(cache_size_bytes) if cache_size_bytes > 0 else None
+        # the structured access log (observability/access_log.py; None: off): ``_count`` hands it
+        # one record per answer, which it writes from a thread of its own
+        self.access_log: AccessLog | None = None
+        self._cache_memo: tuple[Mapping[str, Array], list[str], CacheKey] | None = None
 
     # ---- health and metadata ------------------------------------------------------------------
 
@@ -204,6 +239,8 @@ class InferenceService:
             ],
             "parameters": self._architecture(rt),
         }  # fmt: skip
+        if cfg.response_cache:
+            out["response_cache"] = {"enable": True}
         if cfg.dynamic_batching is not None:
             db = cfg.dynamic_batching
             out["dynamic_batching"] = {
@@ -241,8 +278,10 @@ class InferenceService:
     def _model_stats(self, rt: Any) -> dict[str, Any]:
         s = rt.statistics()
         c = self._counters.get((rt.config.name, rt.version), _Counters())
+        cache = self.cache.peek_stats(rt.config.name, rt.version) if self.cache else CacheStats()
         requests = int(s.get("requests", 0))
         batches = s.get("batch_rows") or {}
+        batch_ns = s.get("batch_ns") or {}  # rows -> [input, infer, output] ns over its batches
         # Triton counts inferences in batch rows (a request of 4 rows is 4 inferences)
         rows = sum(r * n for r, n in batches.items()) if batches else requests
 
@@ -262,19 +301,19 @@ class InferenceService:
                 "compute_input": stat(requests, int(s.get("input_ns", 0))),
                 "compute_infer": stat(requests, int(s.get("infer_ns", 0))),
                 "compute_output": stat(requests, int(s.get("output_ns", 0))),
-                "cache_hit": stat(0, 0),
-                "cache_miss": stat(0, 0),
+                "cache_hit": stat(cache.hits, cache.hit_ns),
+                "cache_miss": stat(cache.misses, cache.miss_ns),
             },
             "batch_stats": [
                 {
                     "batch_size": rows,
-                    "compute_input": stat(n, 0),
-                    "compute_infer": stat(n, 0),
-                    "compute_output": stat(n, 0),
+                    "compute_input": stat(n, batch_ns.get(rows, (0, 0, 0))[0]),
+                    "compute_infer": stat(n, batch_ns.get(rows, (0, 0, 0))[1]),
+                    "compute_output": stat(n, batch_ns.get(rows, (0, 0, 0))[2]),
                 }
                 for rows, n in sorted(batches.items())
             ],
-            "lumenrt": {k: v for k, v in s.items() if k not in ("arena", "ring", "batch_rows")},
+            "lumenrt": {k: v for k, v in s.items() if k not in _NOT_IN_LUMENRT_STATS},
         }
 
     # ---- model repository ---------------------------------------------------------------------
@@ -302,6 +341,7 @@ class InferenceService:
                 if err.status == 500:
                     err = bad_request(f"failed to load model {name!r}: {exc}")
                 raise err from None
+            self.warn_uncached([name])
 
     def unload(self, name: str) -> None:
         with self._repo_lock:
@@ -352,23 +392,60 @@ class InferenceService:
             raise unavailable("server is shutting down: not accepting new requests")
         self.in_flight += 1
 
-    def _done(self, rt: Any, start_ns: int, ok: bool) -> None:
-        self._count(rt, start_ns, ok)
+    def _done(
+        self,
+        rt: Any,
+        start_ns: int,
+        ok: bool,
+        protocol: str = "inprocess",
+        status: int = 0,
+        request_id: str | int | None = None,
+        times: StageTimes | None = None,
+    ) -> None:
+        self._count(rt, start_ns, ok, protocol, status, request_id, times)
         self.in_flight -= 1
 
-    def _count(self, rt: Any, start_ns: int, ok: bool) -> None:
+    def _count(
+        self,
+        rt: Any,
+        start_ns: int,
+        ok: bool,
+        protocol: str = "inprocess",
+        status: int = 0,
+        request_id: str | int | None = None,
+        times: StageTimes | None = None,
+    ) -> None:
+        """One answer (``status``: its HTTP-style code; 0: 200 if ``ok`` else 500). Plain ints and
+        lists, event-loop thread only; nothing allocated per request once a model version and
+        protocol have been seen. With the access log on, one record for it (``request_id``: the
+        client's, if any; ``times``: the engine's stage times, if it reached the engine)."""
         end = time.monotonic_ns()
+        took_ns = end - start_ns
         key = (rt.config.name, rt.version)
         c = self._counters.get(key)
         if c is None:
             c = self._counters[key] = _Counters()
         if ok:
             c.success_count += 1
-            c.success_ns += end - start_ns
+            c.success_ns += took_ns
         else:
             c.fail_count += 1
-            c.fail_ns += end - start_ns
+            c.fail_ns += took_ns
         c.last_inference_ms = time.time_ns() // 1_000_000
+        p = c.protocols.get(protocol)
+        if p is None:
+            p = c.protocols[protocol] = ProtocolCounters()
+        code = status or (200 if ok else 500)
+        p.statuses[code] = p.statuses.get(code, 0) + 1
+        p.buckets[bisect_left(DURATION_BOUNDS_NS, took_ns)] += 1
+        p.sum_ns += took_ns
+        log = self.access_log
+        if log is not None:
+            log.record(key[0], key[1], protocol, code, request_id, start_ns, end, times)
+
+    def request_counters(self) -> dict[tuple[str, int], _Counters]:
+        """(model, version) -> its answer counters, for the metrics (read, never written)."""
+        return dict(self._counters)
 
     async def infer(
         self,
@@ -379,22 +456,37 @@ class InferenceService:
         timeout_s: float | None = None,
         timing: bool = False,
         received_ns: int = 0,
+        priority: int = 0,
+        protocol: str = "inprocess",
+        request_id: str | None = None,
     ) -> InferOutcome:
-        """Run one request on the event loop's engine path; raises ServerError."""
+        """Run one request on the event loop's engine path; raises ServerError. Cancelling the
+        awaiting task (a gRPC client that cancels or goes) drops the request before it runs.
+        ``protocol``: the front end's, for the metrics; ``request_id``: the client's, for the
+        access log."""
+        key, cached = self._cache_find(rt, arrays, outputs)
+        if cached is not None:
+            return self._cache_hit(rt, cached, timing, received_ns, protocol, request_id)
         self._admit()
         start = received_ns or time.monotonic_ns()
         ok = False
+        status = 499  # what ends it without an answer: the awaiting task cancelled (its client went)
+        times: StageTimes | None = None
         try:
             result = await self.engine.infer_async(
-                rt.config.name, arrays, version=rt.version, timeout_s=timeout_s
+                rt.config.name, arrays, version=rt.version, timeout_s=timeout_s, priority=priority
             )
+            times = result.times
             outcome = _outcome(rt, result.outputs, outputs, result.times, timing, start)
-            ok = True
+            self._cache_store(key, outcome)
+            ok, status = True, 200
             return outcome
         except Exception as exc:
-            raise as_server_error(exc) from None
+            error = as_server_error(exc)
+            status = error.status
+            raise error from None
         finally:
-            self._done(rt, start, ok)
+            self._done(rt, start, ok, protocol, status, request_id, times)
 
     def submit(self, pending: "PendingAnswer", arrays: Mapping[str, Array], timeout_s: float | None) -> None:
         """Queue one request from the event loop without a Task or Future: the engine calls back
@@ -402,12 +494,50 @@ class InferenceService:
         ``pending.fail(error)`` runs exactly once, then the request's record is released.
         ``pending`` is the front end's own record of the request (runtime, outputs, timing,
         received_ns). Raises ServerError when it is refused at once (then no call back)."""
+        key, cached = self._cache_find(pending.runtime, arrays, pending.outputs)
+        if cached is not None:  # answered now, inside submit (the front ends expect that)
+            pending.answer(
+                self._cache_hit(
+                    pending.runtime,
+                    cached,
+                    pending.timing,
+                    pending.received_ns,
+                    pending.protocol,
+                    getattr(pending, "request_id", None),
+                )
+            )
+            return
+        on_answer = self._answered if key is None else functools.partial(self._answered_to_cache, key)
         self._admit()
         try:
-            self.engine.submit_callback(pending.runtime, arrays, self._answered, pending, timeout_s=timeout_s)
+            pending.engine_request = self.engine.submit_callback(
+                pending.runtime, arrays, on_answer, pending, timeout_s=timeout_s, priority=pending.priority
+            )
         except Exception as exc:
-            self._done(pending.runtime, pending.received_ns or time.monotonic_ns(), False)
-            raise as_server_error(exc) from None
+            error = as_server_error(exc)
+            received_ns = pending.received_ns or time.monotonic_ns()
+            request_id = getattr(pending, "request_id", None)
+            self._done(pending.runtime, received_ns, False, pending.protocol, error.status, request_id)
+            raise error from None
+
+    def cancel(self, pending: "PendingAnswer") -> None:
+        """The client of a request given to ``submit`` went away: the engine drops it before it
+        runs (counted as cancelled); one already running finishes. Its answer still comes back
+        (``pending.answer`` or ``fail``), for the front end to discard."""
+        req = pending.engine_request
+        if req is not None and req.context is pending:  # not answered and released yet
+            pending.runtime.cancel(req)
+
+    def check_priority(self, rt: Any, priority: int, where: str) -> None:
+        """A request's priority against its model's levels (400 naming ``where``)."""
+        if not priority:
+            return
+        levels = rt.levels
+        if not 0 < priority <= levels:
+            raise bad_request(
+                f"{where}: model {rt.config.name!r} has priority levels 1..{levels} "
+                f"(0: its default level), got {priority}"
+            )
 
     def _answered(self, req: InferRequest) -> None:
         """The engine's call back for ``submit`` (event loop thread): one answer, then release.
@@ -426,7 +556,16 @@ class InferenceService:
                 outcome = _outcome(rt, req.outputs, pending.outputs, req.times, pending.timing, start)
         except Exception as exc:
             failure = as_server_error(exc)
-        self._done(rt, start, failure is None)
+        self._done(
+            rt,
+            start,
+            failure is None,
+            pending.protocol,
+            200 if failure is None else failure.status,
+            # only the access log reads it (PendingAnswer's request_id is optional)
+            getattr(pending, "request_id", None) if self.access_log is not None else None,
+            req.times,
+        )
         try:
             if outcome is not None:
                 pending.answer(outcome)
@@ -445,12 +584,19 @@ class InferenceService:
         timeout_s: float | None = None,
         timing: bool = False,
         received_ns: int = 0,
+        protocol: str = "inprocess",
+        request_id: str | int | None = None,
     ) -> InferOutcome | None:
         """Run one request on the model's inline lane, now, in this thread (engine/lane.py); None
         when the lane does not take it (no lane, queue not empty, its time already up, shutting
         down, another request took this loop turn): the caller then awaits ``infer``. Raises
         ServerError. The outcome's stage times are the lane's, valid until its next request:
         encode the answer before serving another."""
+        key, cached = self._cache_find(rt, arrays, outputs)
+        if cached is not None:
+            return self._cache_hit(rt, cached, timing, received_ns, protocol, request_id)
+        if key is not None:  # a miss: ``submit`` or ``infer`` takes this key on (no second lookup)
+            self._cache_memo = (arrays, outputs, key)
         if not rt.lane.active or not self.accepting or self._lane_turn:
             return None
         self._lane_turn = True  # work-conserving: see ``_new_turn``
@@ -459,12 +605,15 @@ class InferenceService:
         try:
             result = rt.run_inline(arrays, None, timeout_s)
         except Exception as exc:
-            self._count(rt, start, False)
-            raise as_server_error(exc) from None
+            error = as_server_error(exc)
+            self._count(rt, start, False, protocol, error.status, request_id)
+            raise error from None
         if result is None:
             return None
-        self._count(rt, start, True)
-        return _outcome(rt, result, outputs, rt.lane.times, timing, start)
+        self._count(rt, start, True, protocol, 0, request_id, rt.lane.times)
+        outcome = _outcome(rt, result, outputs, rt.lane.times, timing, start)
+        self._cache_store(key, outcome)
+        return outcome
 
     def _new_turn(self) -> None:
         """The event loop finished the I/O callbacks of one turn. One request per turn runs inline;
@@ -473,6 +622,74 @@ class InferenceService:
         for the rest, and under load the workers' core does that compute in parallel. At one client
         every request has a turn of its own, so every request runs inline."""
         self._lane_turn = False
+
+    # ---- response cache (ingress/response_cache.py) ---------------------------------------------
+    # Only for models whose config enables it, and only with a server budget (``self.cache``).
+    # Every front end calls ``infer_inline`` first: a hit is answered there; on a miss it leaves
+    # the key in ``_cache_memo`` for the ``submit`` or ``infer`` that follows with the same arrays
+    # (same objects), so a request is looked up and counted once. A caller that goes straight to
+    # ``submit``/``infer`` gets its lookup there.
+
+    def _cache_find(
+        self, rt: Any, arrays: Mapping[str, Array], outputs: list[str]
+    ) -> tuple[CacheKey | None, tuple[tuple[str, Array], ...] | None]:
+        """(key, cached outputs): (None, None) when the cache does not apply; (key, None) a miss."""
+        cache = self.cache
+        if cache is None or not self.accepting or not rt.config.response_cache:
+            return None, None
+        memo, self._cache_memo = self._cache_memo, None
+        if memo is not None and memo[0] is arrays and memo[1] is outputs:
+            return memo[2], None
+        started = time.monotonic_ns()
+        inputs = [CacheInput(s.name, s.datatype, arrays[s.name]) for s in rt.config.inputs]
+        key = cache.key(rt.config.name, rt.version, rt.model_id, inputs, outputs)
+        return key, cache.lookup(key, started)
+
+    def _cache_hit(
+        self,
+        rt: Any,
+        cached: tuple[tuple[str, Array], ...],
+        timing: bool,
+        received_ns: int,
+        protocol: str = "inprocess",
+        request_id: str | int | None = None,
+    ) -> InferOutcome:
+        """The answer of a hit: the outputs as a miss gives them (the requested ones, in order)."""
+        start = received_ns or time.monotonic_ns()
+        self._count(rt, start, True, protocol, 0, request_id)
+        times = StageTimes(completed_ns=time.monotonic_ns())
+        return _outcome(rt, dict(cached), [name for name, _ in cached], times, timing, start)
+
+    def _cache_store(self, key: CacheKey | None, outcome: InferOutcome) -> None:
+        if key is not None and self.cache is not None:
+            self.cache.store(key, outcome.outputs)
+
+    def _answered_to_cache(self, key: CacheKey, req: InferRequest) -> None:
+        """``_answered`` for a request to a caching model: keep its outputs (before ``_answered``
+        releases them), then answer as usual."""
+        if req.error is None and req.outputs is not None and self.cache is not None:
+            try:
+                names = req.context.outputs
+                self.cache.store(key, [(name, req.outputs[name]) for name in names])
+            except Exception:  # never lose the answer for the cache's sake (_answered reports it)
+                logger.exception("response cache: storing an answer failed")
+        self._answered(req)
+
+    def warn_uncached(self, models: Iterable[str]) -> None:
+        """One warning naming the models that enable the response cache while the server has no
+        cache budget (``--cache-size-bytes 0``); call it when models are loaded."""
+        if self.cache is not None:
+            return
+        enabled = sorted({name for name in models for rt in self._versions(name) if rt.config.response_cache})
+        if enabled:
+            logger.warning(
+                "model(s) %s enable response_cache, but the server's cache budget is 0 "
+                "(--cache-size-bytes): their answers are not cached",
+                ", ".join(enabled),
+            )
+
+    def _versions(self, name: str) -> list[Any]:
+        return list(self.engine._runtimes.get(name, {}).values())
 
     # ---- shutdown -----------------------------------------------------------------------------
 

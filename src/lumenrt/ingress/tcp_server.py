@@ -86,7 +86,17 @@ class _Request:
     """A checked request on its way to the workers, from its frame to its answer: the service's
     ``PendingAnswer`` (no Task, coroutine or Future per request; the engine calls back)."""
 
-    __slots__ = ("conn", "outputs", "received_ns", "request_id", "runtime", "timing")
+    __slots__ = (
+        "conn",
+        "engine_request",
+        "outputs",
+        "priority",
+        "received_ns",
+        "request_id",
+        "runtime",
+        "timing",
+    )
+    protocol = "tcp"  # the metrics' label (service.PendingAnswer)
 
     def __init__(
         self,
@@ -96,9 +106,12 @@ class _Request:
         runtime: Any,
         outputs: list[str],
         received_ns: int,
+        priority: int,
     ) -> None:
         self.conn, self.request_id, self.timing = conn, request_id, timing
         self.runtime, self.outputs, self.received_ns = runtime, outputs, received_ns
+        self.priority = priority
+        self.engine_request: Any = None  # set by the service's submit
 
     def answer(self, outcome: InferOutcome) -> None:
         conn = self.conn
@@ -107,10 +120,10 @@ class _Request:
         except Exception as exc:  # encoding failed: still exactly one answer
             err = as_server_error(exc)
             answer = encode_error(self.request_id, err.status, err.message)
-        conn._answered(answer)
+        conn._answered(self, answer)
 
     def fail(self, error: ServerError) -> None:
-        self.conn._answered(encode_error(self.request_id, error.status, error.message))
+        self.conn._answered(self, encode_error(self.request_id, error.status, error.message))
 
 
 class TcpConnection(Connection, asyncio.BufferedProtocol):
@@ -128,6 +141,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         )
         self._discard = memoryview(bytearray(4096))  # what a draining connection reads into
         self.in_flight = 0
+        self.pending: set[_Request] = set()  # with the workers: cancelled if the client goes
         self.draining = False  # after a fatal error: input discarded until close (implies closing)
         self.draining_since = 0.0
         self.peer_eof = False
@@ -151,9 +165,22 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             self._fatal(exc)
 
     def eof_received(self) -> bool:
-        """The peer will send no more: answer what is in flight, then close."""
+        """The peer will send no more: it has gone (or half-closed). Its requests still queued are
+        cancelled: dropped before they run, answered with 499 if it still reads; the answers of
+        those already running are written; then the connection closes."""
         self.peer_eof = True
+        self._cancel_pending()
         return self.in_flight > 0 and not self.draining  # True keeps the transport open to write
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_pending()
+        super().connection_lost(exc)
+
+    def _cancel_pending(self) -> None:
+        if self.pending:
+            cancel = self.service.cancel
+            for request in list(self.pending):
+                cancel(request)
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -195,9 +222,23 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             return
         timing = bool(frame.flags & FLAG_TIMING)
         timeout_s = meta.timeout_us / 1e6 if meta.timeout_us else None
+        priority = frame.priority
+        if priority:
+            try:
+                self.service.check_priority(rt, priority, "the header's priority field")
+            except ServerError as exc:
+                self._reply_error(rid, exc.status, exc.message)
+                return
         try:  # a small model: answered here and now when its queue is empty
             out = self.service.infer_inline(
-                rt, checked, outputs, timeout_s=timeout_s, timing=timing, received_ns=self._received_ns
+                rt,
+                checked,
+                outputs,
+                timeout_s=timeout_s,
+                timing=timing,
+                received_ns=self._received_ns,
+                protocol="tcp",
+                request_id=rid,
             )
         except ServerError as exc:
             self._reply_error(rid, exc.status, exc.message)
@@ -206,19 +247,21 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             self._answer(rid, out, timing)
             return
         self.in_flight += 1  # before: the engine may answer inside submit (spin_us)
+        request = _Request(self, rid, timing, rt, outputs, self._received_ns, priority)
+        self.pending.add(request)
         try:
-            self.service.submit(
-                _Request(self, rid, timing, rt, outputs, self._received_ns), checked, timeout_s
-            )
+            self.service.submit(request, checked, timeout_s)
         except ServerError as exc:  # refused at once: answered here, never called back
+            self.pending.discard(request)
             self.in_flight -= 1
             self._reply_error(rid, exc.status, exc.message)
             return
         if self.in_flight >= MAX_IN_FLIGHT:
             self._pause_for_load()
 
-    def _answered(self, answer: bytes | list[Any]) -> None:
+    def _answered(self, request: _Request, answer: bytes | list[Any]) -> None:
         """The engine answered a queued request (``_Request``): write it, resume reading."""
+        self.pending.discard(request)
         self.in_flight -= 1
         self._write(answer)
         if self.load_paused and self.in_flight <= RESUME_IN_FLIGHT:

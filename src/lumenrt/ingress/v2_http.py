@@ -44,6 +44,7 @@ class ParsedInfer:
     timeout_s: float | None = None
     timing: bool = False
     raw: bool = False  # raw single-input form: every output binary
+    priority: int = 0  # request parameter priority (0: the model's default level)
 
 
 def _obj(value: Any, where: str) -> dict[str, Any]:
@@ -67,6 +68,7 @@ class _Plan:
     binary_output: bool
     timeout_s: float | None
     timing: bool
+    priority: int
     inputs: tuple[tuple[str, str, tuple[int, ...], int], ...]  # name, datatype, shape, bytes
     slots: tuple[TensorSlot, ...]  # where each input lies in the binary part
     outputs: tuple[tuple[str, bool | None], ...]
@@ -91,7 +93,13 @@ def _from_plan(plan: _Plan, body: bytes, at: int) -> ParsedInfer:
         for (name, datatype, shape, _), array in zip(plan.inputs, arrays, strict=True)
     ]
     return ParsedInfer(
-        inputs, plan.request_id, dict(plan.outputs), plan.binary_output, plan.timeout_s, plan.timing
+        inputs,
+        plan.request_id,
+        dict(plan.outputs),
+        plan.binary_output,
+        plan.timeout_s,
+        plan.timing,
+        priority=plan.priority,
     )
 
 
@@ -102,6 +110,7 @@ def _plan_of(parsed: ParsedInfer, sizes: list[int]) -> _Plan:
         parsed.binary_output,
         parsed.timeout_s,
         parsed.timing,
+        parsed.priority,
         inputs,
         payload_slots(inputs),  # each size was checked against its shape by from_raw
         tuple(parsed.outputs.items()),
@@ -153,6 +162,7 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
     out.binary_output = checked.binary_data_output
     out.timing = checked.timing
     out.timeout_s = checked.timeout_s
+    out.priority = checked.priority
 
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:

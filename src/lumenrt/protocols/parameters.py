@@ -11,7 +11,7 @@ The parameters that mean something here:
   request      timeout               int µs, 0..MAX_TIMEOUT_US        engine deadline (0: none)
   request      lumenrt_timing        bool                             stage times in the answer
   request      binary_data_output    bool (HTTP)                      unlisted outputs as binary
-  request      priority              int >= 0                         accepted, no effect (below)
+  request      priority              int >= 0                         priority level (0: default)
   request      sequence_id/_start/_end  refused unless at default     no sequence batching here
   input        binary_data_size      int >= 0 (HTTP)                  bytes of this input's data
   input        shared_memory_*       refused                          no shared-memory extension
@@ -20,8 +20,9 @@ The parameters that mean something here:
   output       shared_memory_*       refused                          no shared-memory extension
 
 Other names are passed over, as Triton's core passes over what it does not know (they are meant
-for a backend). ``priority`` is checked and then has no effect: the batcher has one priority level,
-which is what Triton does for a model configured without ``priority_levels``. The TCP protocol
+for a backend). ``priority`` is checked here to be a count, and against the model's
+``dynamic_batching.priority_levels`` by the service (1 is served first; 0 is the model's
+``default_priority_level``; a model without levels takes 0 or 1). The TCP protocol
 carries its timeout as a u32 of µs and its timing as a header flag, so its wire format already
 holds them to the same types and range (``MAX_TIMEOUT_US`` is that field's maximum).
 """
@@ -37,6 +38,7 @@ from lumenrt.protocols.tcp import MAX_TIMEOUT_US  # its u32 timeout field: one c
 TIMING_PARAMETER = "lumenrt_timing"  # request parameter: true -> response carries server stage times
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
+MAX_PRIORITY = 0xFFFF  # the TCP header's priority field (u16): one cap for every front end
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class RequestParameters:
     timeout_s: float | None = None  # None: no deadline
     timing: bool = False
     binary_data_output: bool = False
+    priority: int = 0  # 0: the model's default priority level
 
 
 def _shown(value: Any) -> str:
@@ -95,6 +98,8 @@ def request_parameters(params: Mapping[str, Any], where: str = "parameters") -> 
     priority = params.get("priority")
     if priority is not None:
         check_count(priority, f"{where}.priority")
+        if priority > MAX_PRIORITY:
+            raise bad_request(f"{where}.priority: must be at most {MAX_PRIORITY}, got {priority}")
     for name in _SEQUENCE:
         value = params.get(name)
         if value is not None and value not in (0, False, ""):  # the defaults tritonclient may send
@@ -106,6 +111,7 @@ def request_parameters(params: Mapping[str, Any], where: str = "parameters") -> 
         timeout_s=None if timeout is None else check_timeout_us(timeout, f"{where}.timeout"),
         timing=False if timing is None else check_bool(timing, f"{where}.{TIMING_PARAMETER}"),
         binary_data_output=False if binary is None else check_bool(binary, f"{where}.binary_data_output"),
+        priority=priority or 0,
     )
 
 

@@ -114,6 +114,7 @@ class Frame:
     data: bytes | memoryview  # a read-only view of the server's receive buffer (tcp_receiver.py)
     payload_at: int
     payload_bytes: int
+    priority: int = 0  # a request's priority level (0: the model's default)
 
     @property
     def payload(self) -> memoryview:
@@ -181,14 +182,14 @@ def _bad_start(head: bytes) -> ProtocolError:
 
 def read_header(
     data: bytes | bytearray | memoryview, pos: int, max_meta_bytes: int, max_frame_bytes: int
-) -> tuple[int, int, int, int, int]:
+) -> tuple[int, int, int, int, int, int]:
     """The header at ``data[pos:]`` (24 bytes there): kind, flags, request id, metadata and payload
-    lengths, checked against the limits before anything is buffered for them; a fatal
+    lengths, and a request's priority (the u16 after the flags; 0 in other frames), checked against the limits before anything is buffered for them; a fatal
     ProtocolError says what is wrong."""
     magic, kind, flags, reserved, rid, meta_len, payload_len = HEADER.unpack_from(data, pos)
     if magic != _MAGIC_VERSION:
         raise _bad_start(bytes(data[pos : pos + 4]))
-    if reserved:
+    if reserved and kind != REQUEST:  # a request's priority; reserved in every other frame
         raise ProtocolError(f"reserved header field is {reserved}, must be 0", fatal=True)
     if meta_len > max_meta_bytes:
         raise ProtocolError(
@@ -205,7 +206,7 @@ def read_header(
             fatal=True,
             request_id=rid,
         )
-    return kind, flags, rid, meta_len, payload_len
+    return kind, flags, rid, meta_len, payload_len, reserved
 
 
 class FrameDecoder:
@@ -290,7 +291,7 @@ class FrameDecoder:
         need = HEADER_BYTES
         while end - pos >= HEADER_BYTES:
             try:
-                kind, flags, rid, meta_len, payload_len = read_header(
+                kind, flags, rid, meta_len, payload_len, priority = read_header(
                     data, pos, self.max_meta_bytes, self.max_frame_bytes
                 )
             except ProtocolError as err:
@@ -304,7 +305,16 @@ class FrameDecoder:
             self.frames += 1
             try:
                 self.on_frame(
-                    Frame(kind, flags, rid, data[body : body + meta_len], data, body + meta_len, payload_len)
+                    Frame(
+                        kind,
+                        flags,
+                        rid,
+                        data[body : body + meta_len],
+                        data,
+                        body + meta_len,
+                        payload_len,
+                        priority,
+                    )
                 )
             except BaseException:
                 self._keep(data, pos, end, HEADER_BYTES)  # the frames after it stay deliverable
@@ -484,12 +494,20 @@ def encode_request(
     outputs: Iterable[str] = (),
     timeout_us: int = 0,
     flags: int = 0,
+    priority: int = 0,
 ) -> list[bytes | memoryview]:
     """A request frame as buffers to write in order: header and metadata first (one bytes), then
     each input's raw bytes. Raises ValueError for what cannot be sent."""
     sig, raws, total = _tensor_parts(inputs.items())
     body = _request_meta_bytes(model, version, timeout_us, sig, tuple(outputs))
-    return [encode_header(REQUEST, flags, request_id, len(body), total) + body, *raws]
+    head = HEADER.pack(_MAGIC_VERSION, REQUEST, flags, _priority(priority), request_id, len(body), total)
+    return [head + body, *raws]
+
+
+def _priority(priority: int) -> int:
+    if not 0 <= priority <= 0xFFFF:
+        raise ValueError(f"priority must be in 0..65535 (0: the model's default level), got {priority}")
+    return priority
 
 
 JOIN_BELOW_BYTES = 64 << 10  # cached encoders join smaller frames into one buffer (one write)
@@ -513,6 +531,7 @@ class RequestEncoder:
         outputs: tuple[str, ...],
         timeout_us: int,
         flags: int,
+        priority: int = 0,
     ) -> list[bytes | memoryview]:
         sig, raws, total = _tensor_parts(inputs.items())
         key = (model, version, timeout_us, outputs, *sig)
@@ -522,7 +541,7 @@ class RequestEncoder:
             if len(self._cache) >= self.CACHE_ENTRIES:
                 self._cache.clear()
             self._cache[key] = body
-        head = HEADER.pack(_MAGIC_VERSION, REQUEST, flags, 0, request_id, len(body), total)
+        head = HEADER.pack(_MAGIC_VERSION, REQUEST, flags, _priority(priority), request_id, len(body), total)
         if total + len(body) < JOIN_BELOW_BYTES:
             return [b"".join([head, body, *raws])]
         return [head + body, *raws]

@@ -30,7 +30,7 @@ from typing import NoReturn
 
 from lumenrt.protocols.tcp import HEADER_BYTES, MAX_PAYLOAD_BYTES, Frame, ProtocolError, read_header
 
-Header = tuple[int, int, int, int, int]  # kind, flags, request id, metadata bytes, payload bytes
+Header = tuple[int, int, int, int, int, int]  # kind, flags, request id, metadata, payload bytes, priority
 BUFFER_BYTES = 64 << 10  # guessed: holds many small frames per read; bigger frames get their own
 MIN_READ_BYTES = 4096  # guessed: the least free space handed to a read before compacting
 
@@ -75,7 +75,7 @@ class FrameReceiver:
         self._end = 0  # end of the bytes received
         self._big: bytearray | None = None  # a frame larger than _buf, being received
         self._big_have = 0
-        self._big_head: Header = (0, 0, 0, 0, 0)  # its header, read when it started
+        self._big_head: Header = (0, 0, 0, 0, 0, 0)  # its header, read when it started
         self._error: ProtocolError | None = None
 
     @property
@@ -145,11 +145,20 @@ class FrameReceiver:
 
     def _deliver(self, view: memoryview, at: int, head: Header) -> None:
         """Hand the frame at ``view[at:]`` (its header ``head`` already read) to ``on_frame``."""
-        kind, flags, rid, meta_len, payload_len = head
+        kind, flags, rid, meta_len, payload_len, priority = head
         body = at + HEADER_BYTES
         self.frames += 1
         self.on_frame(
-            Frame(kind, flags, rid, bytes(view[body : body + meta_len]), view, body + meta_len, payload_len)
+            Frame(
+                kind,
+                flags,
+                rid,
+                bytes(view[body : body + meta_len]),
+                view,
+                body + meta_len,
+                payload_len,
+                priority,
+            )
         )
 
     def _start_big(self, pos: int, end: int, need: int, head: Header) -> None:

@@ -1,0 +1,299 @@
+"""Prometheus metrics: every family built at scrape time from counters the server keeps anyway.
+
+Nothing here runs per request. The engine's workers count into plain ints and fixed bucket lists
+of their own (engine/worker.py ``WorkerStats``, buckets from engine/histograms.py), the service
+counts answers per protocol and status on the event-loop thread (ingress/service.py ``_count``);
+a scrape adds those up (``ModelRuntime.statistics``) and hands them to prometheus_client's
+exposition as custom families (a ``Collector`` on a private ``CollectorRegistry``, one per server).
+
+Names (README "Metrics"): Triton's ``nv_inference_*`` where Triton has one, so that existing
+dashboards work (labels ``model``, ``version``; cumulative microseconds), and ``lumenrt_*`` after
+Prometheus's conventions (seconds, ``_total`` counters, histograms rather than summaries so that a
+p99 can be aggregated across replicas).
+
+Triton's counters are exposed untyped: prometheus_client's text format appends ``_total`` to a
+counter's name, and Triton's names have none. PromQL's ``rate`` and ``increase`` work on them all
+the same.
+
+Threads: a scrape runs on the event loop (``GET /metrics`` on the HTTP port) or on the metrics
+port's own thread (``--metrics-port``). It only reads: counters written by other threads are read
+whole (ints and lists under the GIL), so a scrape may see one request counted in one family and
+not yet in another, never a torn value.
+"""
+
+import asyncio
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+
+from lumenrt.engine.histograms import BATCH_SIZE_BOUNDS, DURATION_BOUNDS_NS
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what ``exposition`` returns: the text format 0.0.4
+PROTOCOLS = ("http", "grpc", "tcp", "inprocess")
+REJECTION_REASONS = ("queue_full", "rate_limited", "deadline", "cancelled")
+
+MODEL_LABELS = ["model", "version"]
+# bucket bounds as ``le`` label values, written as the Go client writes them (2.5e-05, 0.5, 1, 10)
+DURATION_LE = [f"{ns / 1e9:g}" for ns in DURATION_BOUNDS_NS] + ["+Inf"]
+BATCH_SIZE_LE = [f"{rows:g}" for rows in BATCH_SIZE_BOUNDS] + ["+Inf"]
+
+# Triton's cumulative counters: name, help, the key of the model's numbers (``_ModelNumbers``)
+TRITON_COUNTERS = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "failure"),
+    ("nv_inference_count", "Number of inferences performed (a request of n rows counts n)", "inferences"),
+    ("nv_inference_exec_count", "Number of model executions performed (batches)", "executions"),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds",
+        "request_us",
+    ),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", "queue_us"),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds",
+        "input_us",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds",
+        "infer_us",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds",
+        "output_us",
+    ),
+)
+
+
+def cumulative(counts: Iterable[int], le: list[str]) -> list[tuple[str, float]]:
+    """Per-bucket counts (the last one above every bound) as Prometheus's cumulative ``le`` buckets."""
+    out: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip(le, counts, strict=True):
+        total += n
+        out.append((bound, total))
+    return out
+
+
+def batch_size_counts(batch_rows: dict[int, int]) -> list[int]:
+    """Batches per ``BATCH_SIZE_BOUNDS`` bucket, from the runtime's rows -> batches of that size."""
+    counts = [0] * (len(BATCH_SIZE_BOUNDS) + 1)
+    for rows, n in batch_rows.items():
+        counts[bisect_left(BATCH_SIZE_BOUNDS, rows)] += n
+    return counts
+
+
+@dataclass(slots=True)
+class _ModelNumbers:
+    """One model version's figures at one scrape (from its runtime's and the service's statistics)."""
+
+    labels: list[str]  # model, version
+    stats: dict[str, Any]  # ModelRuntime.statistics()
+    counters: Any  # the service's _Counters for it, or None (no answer yet)
+    cache_hits: int
+    cache_misses: int
+
+    def triton(self, key: str) -> float:
+        s, c = self.stats, self.counters
+        if key == "success":
+            return c.success_count if c else 0
+        if key == "failure":
+            return c.fail_count if c else 0
+        if key == "inferences":
+            rows = s.get("batch_rows") or {}
+            return sum(r * n for r, n in rows.items()) if rows else int(s.get("requests", 0))
+        if key == "executions":
+            return int(s.get("batches", 0))
+        if key == "request_us":
+            return (c.success_ns + c.fail_ns) // 1000 if c else 0
+        return int(s.get(key.replace("_us", "_ns"), 0)) // 1000  # queue, input, infer, output
+
+
+class ServiceCollector:
+    """prometheus_client's custom collector over one ``InferenceService`` (and its engine)."""
+
+    def __init__(self, service: Any) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        service = self._service
+        models = list(self._models())
+        yield from self._triton(models)
+        yield from self._histograms(models)
+        yield from self._counters(models)
+        yield from self._gauges(models)
+        in_flight = GaugeMetricFamily(
+            "lumenrt_in_flight_requests", "Requests received and not yet answered, every model"
+        )
+        in_flight.add_metric([], service.in_flight)
+        yield in_flight
+
+    def _models(self) -> Iterator[_ModelNumbers]:
+        service = self._service
+        engine = service.engine
+        counters = service.request_counters()
+        cache = service.cache
+        for name in engine.models():
+            for rt in list(engine._runtimes.get(name, {}).values()):
+                key = (rt.config.name, rt.version)
+                hits = misses = 0
+                if cache is not None:
+                    peek = cache.peek_stats(*key)
+                    hits, misses = peek.hits, peek.misses
+                yield _ModelNumbers([key[0], str(key[1])], rt.statistics(), counters.get(key), hits, misses)
+
+    def _triton(self, models: list[_ModelNumbers]) -> Iterator[Metric]:
+        for name, documentation, key in TRITON_COUNTERS:
+            family = UnknownMetricFamily(name, documentation, labels=MODEL_LABELS)
+            for m in models:
+                family.add_metric(m.labels, m.triton(key))
+            yield family
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model",
+            labels=MODEL_LABELS,
+        )
+        for m in models:
+            pending.add_metric(m.labels, int(m.stats.get("queued", 0)))
+        yield pending
+
+    def _histograms(self, models: list[_ModelNumbers]) -> Iterator[Metric]:
+        request = HistogramMetricFamily(
+            "lumenrt_request_duration_seconds",
+            "End to end: the server received the request -> its answer handed to the front end",
+            labels=[*MODEL_LABELS, "protocol"],
+        )
+        queue = HistogramMetricFamily(
+            "lumenrt_queue_duration_seconds",
+            "Queue wait of a request that ran: enqueued -> taken by a worker",
+            labels=MODEL_LABELS,
+        )
+        compute = HistogramMetricFamily(
+            "lumenrt_compute_duration_seconds",
+            "Model run of the batch a request ran in: compute start -> end",
+            labels=MODEL_LABELS,
+        )
+        batch = HistogramMetricFamily("lumenrt_batch_size", "Rows per executed batch", labels=MODEL_LABELS)
+        for m in models:
+            s = m.stats
+            protocols = dict(m.counters.protocols) if m.counters else {}
+            for protocol, p in sorted(protocols.items()):
+                request.add_metric(
+                    [*m.labels, protocol], cumulative(list(p.buckets), DURATION_LE), p.sum_ns / 1e9
+                )
+            queue.add_metric(
+                m.labels, cumulative(s["queue_buckets"], DURATION_LE), int(s.get("queue_ns", 0)) / 1e9
+            )
+            compute.add_metric(
+                m.labels, cumulative(s["compute_buckets"], DURATION_LE), int(s.get("infer_ns", 0)) / 1e9
+            )
+            rows = s.get("batch_rows") or {}
+            batch.add_metric(
+                m.labels,
+                cumulative(batch_size_counts(rows), BATCH_SIZE_LE),
+                sum(r * n for r, n in rows.items()),
+            )
+        yield from (request, queue, compute, batch)
+
+    def _counters(self, models: list[_ModelNumbers]) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "lumenrt_requests",
+            "Requests answered, by protocol and status (an HTTP-style code: 200, 400, 503, 504, 499...)",
+            labels=[*MODEL_LABELS, "protocol", "status"],
+        )
+        rejections = CounterMetricFamily(
+            "lumenrt_rejections",
+            "Requests refused or dropped before they ran, by reason",
+            labels=[*MODEL_LABELS, "reason"],
+        )
+        hits = CounterMetricFamily("lumenrt_cache_hits", "Response cache hits", labels=MODEL_LABELS)
+        misses = CounterMetricFamily("lumenrt_cache_misses", "Response cache misses", labels=MODEL_LABELS)
+        restarts = CounterMetricFamily(
+            "lumenrt_worker_restarts", "Worker processes that died and were replaced", labels=MODEL_LABELS
+        )
+        for m in models:
+            s = m.stats
+            protocols = dict(m.counters.protocols) if m.counters else {}
+            for protocol, p in sorted(protocols.items()):
+                for status, n in sorted(dict(p.statuses).items()):
+                    requests.add_metric([*m.labels, protocol, str(status)], n)
+            by_reason = {
+                "queue_full": int((s.get("rejections") or {}).get("queue_full", 0)),
+                "rate_limited": 0,  # no rate limiter yet: exported so that dashboards can rely on it
+                "deadline": int(s.get("expired", 0)),
+                "cancelled": int(s.get("cancelled", 0)),
+            }
+            for reason in REJECTION_REASONS:
+                rejections.add_metric([*m.labels, reason], by_reason[reason])
+            hits.add_metric(m.labels, m.cache_hits)
+            misses.add_metric(m.labels, m.cache_misses)
+            restarts.add_metric(m.labels, int(s.get("worker_deaths", 0)))
+        yield from (requests, rejections, hits, misses, restarts)
+
+    def _gauges(self, models: list[_ModelNumbers]) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "lumenrt_queue_depth", "Requests waiting for a worker, every priority level", labels=MODEL_LABELS
+        )
+        slots = GaugeMetricFamily(
+            "lumenrt_arena_slots_in_use", "Arena slots held by requests in flight", labels=MODEL_LABELS
+        )
+        ready = GaugeMetricFamily("lumenrt_workers_ready", "Workers loaded and running", labels=MODEL_LABELS)
+        for m in models:
+            s = m.stats
+            depth.add_metric(m.labels, int(s.get("queued", 0)))
+            arena = s.get("arena") or {}
+            slots.add_metric(m.labels, int(arena.get("in_use", 0)))
+            ready.add_metric(m.labels, int(s.get("workers_ready", 0)))
+        yield from (depth, slots, ready)
+
+
+class ServiceMetrics:
+    """A server's metrics: its private registry and the text for ``GET /metrics``."""
+
+    content_type = CONTENT_TYPE.encode()
+
+    def __init__(self, service: Any) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(ServiceCollector(service))
+
+    def exposition(self) -> bytes:
+        """Every family, in the text format 0.0.4 (``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)
+
+
+class MetricsListener:
+    """``--metrics-port``: the metrics on a port of their own (as Triton's 8002), served by
+    prometheus_client's HTTP server in a daemon thread; a front end for ``ServerApp`` (it closes
+    with the others)."""
+
+    def __init__(self, metrics: ServiceMetrics, host: str, port: int) -> None:
+        """Listening when constructed (``port`` 0: any free port; ``self.port`` says which)."""
+        self._server: Any
+        self._server, self._thread = start_http_server(port, host, metrics.registry)
+        self.port = int(self._server.server_port)
+
+    async def stop_listening(self) -> None:
+        await asyncio.to_thread(self._stop)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()  # returns once serve_forever has ended
+            server.server_close()
+            self._thread.join(10)
