@@ -26,7 +26,7 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(BUILD_DEPS)
-	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch,dashboard]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch,dashboard,trace]'
 	$(BIN)/pip install -q --no-deps tritonclient==2.51.0
 	$(BIN)/pip install -q $(E2E_DEPS)
 	@ldconfig -p | grep -q libb64.so.0d || (apt-get install -y -q libb64-0d >/dev/null 2>&1 || \

@@ -8,43 +8,26 @@ set, to that path too. Teardown stops the dashboard with SIGTERM and requires ex
 launcher forwards the signal to Streamlit).
 """
 
-import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.dashboard_fixtures import FixtureResults, write_results
+from tests.e2e.streamlit_process import chromium, dashboard_process, needs_chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-START_TIMEOUT_S = 60.0  # Streamlit's first start on a loaded 2-core machine takes a few seconds
 RENDER_TIMEOUT_S = 90.0  # per view: a Streamlit rerun plus plotly drawing in software-rendered Chromium
-STOP_TIMEOUT_S = 30.0
 
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
-    reason=f"needs Debian's chromium and chromedriver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install "
-    "chromium chromium-driver",
-)
+pytestmark = needs_chromium
 
 T = TypeVar("T")
 
@@ -59,85 +42,21 @@ class Dashboard:
         return self.log_path.read_text(errors="replace")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux /proc), to clean up if the launcher itself hangs."""
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "_stcore/health", timeout=2) as r:
-            return int(r.status) == 200
-    except (OSError, urllib.error.URLError):
-        return False
-
-
 @pytest.fixture
 def dashboard(tmp_path: Path) -> Iterator[Dashboard]:
     results = write_results(tmp_path / "results")
     (results.root / "junk.json").write_text("{ not json")  # a bad file must not break a view
-    port = _free_port()
     log_path = tmp_path / "dashboard.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lumenrt.cli",
-                "dashboard",
-                str(results.root),
-                "--port",
-                str(port),
-                "--no-browser",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    board = Dashboard(url=f"http://127.0.0.1:{port}/", results=results, log_path=log_path)
-    status: int | None = None
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(board.url):
-            assert proc.poll() is None, f"dashboard exited with {proc.returncode}:\n{board.log()}"
-            assert time.monotonic() < deadline, f"dashboard not up in {START_TIMEOUT_S} s:\n{board.log()}"
-            time.sleep(0.2)
+    with dashboard_process([str(results.root)], log_path) as url:
+        board = Dashboard(url=url, results=results, log_path=log_path)
         assert board.url in board.log()  # the launcher printed where it listens
         yield board
-    finally:
-        streamlit = _children(proc.pid)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            status = proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for pid in [proc.pid, *streamlit]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.wait()
-    assert status == 0, f"dashboard exit status {status} after SIGTERM:\n{board.log()}"
 
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1400"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _wait(what: str, check: Callable[[], T | None], board: Dashboard, driver: WebDriver) -> T:

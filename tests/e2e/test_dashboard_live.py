@@ -7,24 +7,13 @@ waits until the page shows the model's name and a throughput above 0 requests/s.
 the dashboard with SIGTERM (exit status 0) and the server (exit status 0).
 """
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -32,45 +21,14 @@ from lumenrt.client.http import HttpClient
 from lumenrt.dashboard.live_app import model_key
 from lumenrt.models.builtin import builtin_examples
 from tests.e2e.conftest import ServeProcess, start_serve
+from tests.e2e.streamlit_process import chromium, dashboard_process, http_status, needs_chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 MODEL = "digits_mlp"
-START_TIMEOUT_S = 60.0  # Streamlit's first start on a loaded 2-core machine takes a few seconds
 SHOW_TIMEOUT_S = 90.0  # two scrapes (1 s apart) plus a Streamlit rerun in software-rendered Chromium
-STOP_TIMEOUT_S = 30.0
 TRICKLE_MAX_REQUESTS = 3000  # bounded: 20 requests/s for the longest the test can wait
 TRICKLE_GAP_S = 0.05
 
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
-    reason=f"needs Debian's chromium and chromedriver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install "
-    "chromium chromium-driver",
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (OSError, urllib.error.URLError):
-        return None
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux /proc), to clean up if the launcher itself hangs."""
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -108,65 +66,19 @@ def trickle(server: ServeProcess) -> Iterator[list[int]]:
 @pytest.fixture
 def live_dashboard(server: ServeProcess, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     base = f"http://127.0.0.1:{server.ports['http']}"
-    status = _get_status(base + "/metrics")
+    status = http_status(base + "/metrics")
     if status != 200:
         pytest.fail(f"lumenrt serve does not serve GET /metrics (got {status}): the live view needs it")
-    port = _free_port()
     log_path = tmp_path / "dashboard.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lumenrt.cli",
-                "dashboard",
-                "--live",
-                base,
-                "--port",
-                str(port),
-                "--no-browser",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}/"
-    exit_status: int | None = None
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while _get_status(url + "_stcore/health") != 200:
-            assert proc.poll() is None, f"dashboard exited with {proc.returncode}:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, (
-                f"dashboard not up in {START_TIMEOUT_S} s:\n{log_path.read_text()}"
-            )
-            time.sleep(0.2)  # polling the health endpoint within a bound
+    with dashboard_process(["--live", base], log_path) as url:
         assert f"live {base}/metrics" in log_path.read_text()  # the launcher said what it scrapes
         yield url, log_path
-    finally:
-        streamlit = _children(proc.pid)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            exit_status = proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for pid in [proc.pid, *streamlit]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.wait()
-    assert exit_status == 0, f"dashboard exit status {exit_status} after SIGTERM:\n{log_path.read_text()}"
 
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1400"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _page_state(driver: WebDriver) -> tuple[list[str], dict[str, str], list[str]]:
