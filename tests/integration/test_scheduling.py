@@ -150,16 +150,37 @@ def test_reject_answers_a_request_past_its_level_timeout_without_running_it(tmp_
         assert state.ORDER == [0] and rt.statistics()["expired"] == 1
 
 
-def test_delay_runs_a_request_past_its_timeout_instead_of_refusing_it(tmp_path: Path) -> None:
+def test_delay_runs_a_request_past_its_timeout_after_the_ones_on_time(tmp_path: Path) -> None:
     policy = "{default_timeout_microseconds: 1, timeout_action: DELAY}"
     with Engine(policy_model(tmp_path, policy), models=["gated"]) as eng:
         rt = eng.runtime("gated")
-        held = hold_worker(rt)
-        late = rt.submit(x_of(1))
+        state.ENTERED.clear()
+        state.GATE.clear()
+        held = rt.submit(x_of(0), timeout_s=60)
+        assert state.ENTERED.wait(WAIT_S)
+        late = rt.submit(x_of(1))  # the policy's 1 us: past it when a worker takes it
+        on_time = [rt.submit(x_of(n), timeout_s=60) for n in (2, 3)]  # their own 60 s
         state.GATE.set()
-        for req in (held, late):
+        for req in (held, late, *on_time):
+            assert not isinstance(answered(rt, req), Exception)  # not refused: it ran
+        assert state.ORDER == [0, 2, 3, 1]  # put back once, behind the requests on time
+        assert rt.statistics()["expired"] == 0
+
+
+def test_delay_at_one_level_puts_its_late_request_behind_every_level(tmp_path: Path) -> None:
+    batching = (
+        "  priority_levels: 2\n  priority_queue_policy:\n"
+        "    1: {default_timeout_microseconds: 1, timeout_action: DELAY}\n"
+    )
+    with Engine(write_model(tmp_path, batching), models=["gated"]) as eng:
+        rt = eng.runtime("gated")
+        held = hold_worker(rt)  # level 2 (the default): no timeout
+        late = rt.submit(x_of(1), priority=1)  # level 1, past its 1 us when taken
+        low = rt.submit(x_of(2), priority=2)
+        state.GATE.set()
+        for req in (held, late, low):
             assert not isinstance(answered(rt, req), Exception)
-        assert state.ORDER == [0, 1] and rt.statistics()["expired"] == 0
+        assert state.ORDER == [0, 2, 1]
 
 
 def test_without_timeout_override_the_level_timeout_wins(tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ closed and drained while a batch forms ends that batch, which still runs (``_mor
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from lumenrt.engine.descriptors import request_rows
 from lumenrt.native import Item, Latches, Ring, RingClosed
@@ -105,6 +106,40 @@ class PrioritySource:
 
     def waiting(self) -> int:
         return len(self._doorbell)
+
+
+class DelayingSource(Generic[T]):
+    """Triton's ``timeout_action: DELAY`` (thread pool): a request taken past its DELAY timeout while
+    other requests wait is put back once, at the tail of the lowest level (``requeue``), so the
+    requests still on time run first; when a worker takes it again it runs. Wraps the model's
+    source only when a level has that policy: other models pay nothing for it."""
+
+    def __init__(self, inner: Source[T], records: list[Any], requeue: Callable[[Any], bool]) -> None:
+        self._inner = inner
+        self._records = records
+        self._requeue = requeue
+        self.signal: list[int] = getattr(inner, "signal", [])
+
+    def take(self, max_n: int, timeout_s: float | None) -> list[T]:
+        while True:
+            items = self._inner.take(max_n, timeout_s)
+            now_ns = time.monotonic_ns()
+            kept: list[T] = []
+            for item in items:
+                req = self._records[item.request_id]  # type: ignore[attr-defined]
+                if req.delay_ns and not req.delayed and now_ns > req.delay_ns and self._inner.waiting():
+                    req.delayed = True  # before the push: another worker may take it at once
+                    if self._requeue(req):
+                        continue
+                kept.append(item)
+            if kept or timeout_s is not None or not items:
+                return kept  # a blocking take returns at least one (all put back: take again)
+
+    def rows(self, request: T) -> int:
+        return self._inner.rows(request)
+
+    def waiting(self) -> int:
+        return self._inner.waiting()
 
 
 class IdleBoard:

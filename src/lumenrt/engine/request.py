@@ -89,6 +89,8 @@ class InferRequest:
     finished: bool = False  # process mode: completed once (notices after that are ignored)
     slot: int = -1  # process mode: the arena slot holding its tensors
     level: int = 1  # its priority level (1 is served first)
+    delay_ns: int = 0  # timeout_action DELAY: past this, it goes behind what waits (batcher.DelayingSource)
+    delayed: bool = False  # put back once already
     # Answered at its deadline by the event loop (engine.py) before a worker answered it: the record
     # is released once both the caller has released it and the worker's answer has come back.
     answered_early: bool = False
@@ -110,6 +112,8 @@ class InferRequest:
         self.finished = False
         self.slot = -1
         self.level = 1
+        self.delay_ns = 0
+        self.delayed = False
         self.answered_early = self.caller_released = self.worker_answered = False
 
 

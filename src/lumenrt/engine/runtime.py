@@ -129,6 +129,10 @@ class ModelRuntime:
         self.model_id = 0  # set by the engine: index used by async completions
         db = config.dynamic_batching
         self.levels = db.levels if db is not None else 1
+        # some level's timeout_action is DELAY: its workers put overdue requests back once
+        self.delays = db is not None and any(
+            db.policy(lv).timeout_action == "DELAY" for lv in range(1, self.levels + 1)
+        )
         if self.levels > 1 and options.worker_mode == "process":
             raise ValueError(
                 f"model {config.name!r}: dynamic_batching.priority_levels > 1 needs the thread pool "
@@ -323,6 +327,18 @@ class ModelRuntime:
             return None
         return self.lane.run(inputs, self.queued(), times, timeout_s)
 
+    def requeue(self, req: InferRequest) -> bool:
+        """Put a request a worker took back at the tail of the lowest level (timeout_action DELAY,
+        batcher.DelayingSource); False if the ring refused it (the worker then runs it)."""
+        try:
+            if not try_push_request(self.level_rings[-1], req):
+                return False
+            if self.doorbell is not None:
+                self.doorbell.try_push(req.index)  # after the request (batcher.PrioritySource)
+        except (RingClosed, LrtError):
+            return False
+        return True
+
     def queued(self) -> int:
         """Requests waiting for a worker, at every level."""
         doorbell = self.doorbell
@@ -375,8 +391,10 @@ class ModelRuntime:
             policy = db.policy(level)
             if timeout_s is None or not policy.allow_timeout_override:
                 timeout_s = policy.default_timeout_us / 1e6 if policy.default_timeout_us else None
-            if policy.timeout_action == "DELAY":
-                timeout_s = None  # past its timeout it is not refused: it runs (README: queue policy)
+            if policy.timeout_action == "DELAY":  # past its timeout it is not refused: it waits
+                if timeout_s is not None:  # behind the others, then runs (batcher.DelayingSource)
+                    req.delay_ns = received_ns + int(timeout_s * 1e9)
+                timeout_s = None
         if timeout_s is not None:
             req.deadline_ns = received_ns + int(timeout_s * 1e9)
         try:

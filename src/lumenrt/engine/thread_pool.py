@@ -54,6 +54,7 @@ class ThreadPool:
                 board=board,
                 levels=runtime.level_rings if runtime.doorbell is not None else None,
                 doorbell=runtime.doorbell,
+                requeue=runtime.requeue if runtime.delays else None,
             )
             for i, p in enumerate(placements)
         ]

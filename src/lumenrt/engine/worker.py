@@ -20,13 +20,14 @@ import os
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lumenrt.backends.base import Backend, Placement
-from lumenrt.engine.batcher import Batcher, BatchPolicy, IdleBoard, PrioritySource, RingSource
+from lumenrt.engine.batcher import Batcher, BatchPolicy, DelayingSource, IdleBoard, PrioritySource, RingSource
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.execute import CANCELLED_MESSAGE, BatchPlan, execute_batch, timed_out_message
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, add_counts, duration_buckets
@@ -39,7 +40,7 @@ from lumenrt.engine.request import (
     RequestTimeout,
 )
 from lumenrt.engine.validate import numpy_dtype
-from lumenrt.native import Ring, RingClosed
+from lumenrt.native import Item, Ring, RingClosed
 
 
 @dataclass(slots=True)
@@ -144,9 +145,11 @@ class ThreadWorker:
         board: IdleBoard | None = None,
         levels: list[Ring] | None = None,
         doorbell: Ring | None = None,
+        requeue: Callable[[InferRequest], bool] | None = None,
     ) -> None:
         """``levels`` and ``doorbell``: the priority rings (batcher.PrioritySource), when the model
-        has more than one priority level; ``ring`` is then the first level's."""
+        has more than one priority level; ``ring`` is then the first level's. ``requeue``: a level's
+        timeout_action is DELAY (batcher.DelayingSource)."""
         self.index = index
         self._board = board
         self.config = config
@@ -159,6 +162,7 @@ class ThreadWorker:
         self._ring = ring
         self._levels = levels
         self._doorbell = doorbell
+        self._requeue = requeue
         self._table = table
         self._pin = pin
         self._policy = batch_policy(config)
@@ -187,11 +191,13 @@ class ThreadWorker:
             self.ready.set()
             return
         self.ready.set()
-        source: RingSource | PrioritySource
+        source: RingSource | PrioritySource | DelayingSource[Item]
         if self._doorbell is not None and self._levels:
             source = PrioritySource(self._levels, self._doorbell, self._table.latches)
         else:
             source = RingSource(self._ring, self._table.latches)
+        if self._requeue is not None:
+            source = DelayingSource(source, self._table.records, self._requeue)
         self._signal = source.signal
         batcher = Batcher(source, self._policy, self._board, self.index)
         records = self._table.records
