@@ -371,3 +371,36 @@ def test_http_priority_parameter_orders_the_queue(served: tuple[Engine, ServerTh
         conn.close()
     assert state.ORDER[0] == 0 and state.ORDER[1] == 3  # then 1 and 2, in one batch or two
     assert sorted(state.ORDER[2:]) == [1, 2]
+
+
+def test_async_callers_cancelled_at_any_moment_leak_no_record() -> None:
+    """Cancelled before, while or just after its answer arrives: every record comes back."""
+    import asyncio
+
+    from lumenrt.models.builtin import builtin_examples
+
+    x = builtin_examples("digits_mlp", 1)
+    with Engine(models=["digits_mlp"], settings=EngineConfig(lane="queue")) as eng:
+        rt = eng.runtime("digits_mlp")
+
+        async def main() -> int:
+            answered = 0
+            for i in range(300):
+                task = asyncio.ensure_future(eng.infer_async("digits_mlp", x, timeout_s=0.001 * (i % 3)))
+                for _ in range(i % 7):  # cancel after 0..6 loop turns: before, during or after its answer
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    await task
+                    answered += 1
+                except (asyncio.CancelledError, RequestTimeout):
+                    pass
+            # let the workers' last answers come back to the loop
+            for _ in range(2000):
+                if rt.table.free == len(rt.table.records):
+                    break
+                await asyncio.sleep(0.001)
+            return answered
+
+        asyncio.run(main())
+        assert rt.table.free == len(rt.table.records), "request records leaked"

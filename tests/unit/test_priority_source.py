@@ -47,3 +47,15 @@ def test_rows_come_from_the_descriptor() -> None:
     source = PrioritySource(levels, doorbell)
     (item,) = source.take(1, None)
     assert source.rows(item) == 3
+
+
+def test_tokens_left_after_the_levels_were_emptied_at_unload_end_the_worker() -> None:
+    """The runtime answered what was left in the closed level rings (a worker outlived the join):
+    the worker's next take finds tokens but no request, and ends instead of spinning."""
+    levels, doorbell = rings("mpmc", 2)
+    queue(levels, doorbell, 1, 3)
+    for ring in [*levels, doorbell]:
+        ring.close()
+    assert [item.request_id for item in levels[0].pop_many(4, timeout_s=0)] == [3]  # taken by close
+    with pytest.raises(RingClosed):
+        PrioritySource(levels, doorbell).take(4, None)

@@ -92,13 +92,19 @@ class PrioritySource:
         )
         taken: list[Item] = []
         while len(taken) < tokens:
+            closed = 0
             for ring in self._rings:
                 try:
                     taken += ring.pop_many(tokens - len(taken), timeout_s=0)
                 except RingClosed:
-                    continue  # closed and empty: the others hold the rest
+                    closed += 1  # closed and empty: the others hold the rest
+                    continue
                 if len(taken) == tokens:
                     break
+            if closed == len(self._rings):  # unloaded, and the runtime answered what was left
+                if taken:
+                    return taken
+                raise RingClosed("every priority level is closed and empty")
         return taken
 
     def rows(self, request: Item) -> int:

@@ -20,6 +20,7 @@ may need it.
 
 import asyncio
 import heapq
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -49,6 +50,8 @@ from lumenrt.native import (
     Ring,
     ring_required_bytes,
 )
+
+logger = logging.getLogger(__name__)
 
 COMPLETION_CAPACITY = 1 << 16  # async completions in flight at once across all models (guessed ample)
 DEADLINE_SLACK_NS = (
@@ -118,6 +121,10 @@ class _AsyncCompletions:
             return
         if self.loop is not None and not self.loop.is_closed():
             self.loop.remove_reader(self.notifier.fileno())
+        if self._timer is not None:  # the old loop's deadlines: their callers went with it
+            self._timer.cancel()
+            self._timer = None
+        self._deadlines.clear()
         self.loop = loop
         loop.add_reader(self.notifier.fileno(), self.drain)
         self.notifier.arm()
@@ -152,7 +159,7 @@ class _AsyncCompletions:
         heapq.heappush(deadlines, (req.deadline_ns, req.model_id, req.index, req.generation))
         if self._timer is None or req.deadline_ns < self._timer_ns:
             self._arm(req.deadline_ns)
-        elif len(deadlines) > 4 * COMPLETION_CAPACITY:  # bound the stale entries (long deadlines)
+        elif len(deadlines) > 2 * self.outstanding + 4096:  # stale entries (answered): amortized O(1)
             self._deadlines = [e for e in deadlines if self._engine._awaiting(*e[1:])]
             heapq.heapify(self._deadlines)
 
@@ -168,6 +175,7 @@ class _AsyncCompletions:
 
     def _expire(self) -> None:  # event loop thread: the timer
         self._timer = None
+        self.drain()  # answers already back are answered as such, not as timeouts
         deadlines = self._deadlines
         now_ns = time.monotonic_ns()
         while deadlines and deadlines[0][0] <= now_ns + DEADLINE_SLACK_NS:
@@ -366,7 +374,10 @@ class Engine:
         if req.deadline_ns:
             completions.watch(req)
         if completions.outstanding == 1 and self.settings.spin_us:
-            completions.poll(self.settings.spin_us / 1e6)  # inline completion (see the top)
+            try:
+                completions.poll(self.settings.spin_us / 1e6)  # inline completion (see the top)
+            except Exception:  # raised by a callback answering it: admitted and answered, not refused
+                logger.exception("answering a request inline failed")
         return req
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> _AsyncCompletions:
@@ -400,7 +411,10 @@ class Engine:
         try:
             await future
         except asyncio.CancelledError:
-            rt.cancel(req)  # the worker skips it if not started; _resolve releases it
+            if future.done() and not future.cancelled():  # answered before the cancel landed
+                rt.release(req)  # so this caller owns it (_resolve, _answer_late)
+            else:
+                rt.cancel(req)  # the worker skips it if not started; _resolve releases it
             raise
         return self._finish(rt, req)
 
@@ -446,6 +460,7 @@ class Engine:
         rt = self._by_id[model_id]
         req = rt.table.records[index]
         req.answered_early = True
+        rt.cancel(req)  # a worker that takes it within DEADLINE_SLACK_NS of its deadline skips it too
         waited_us = (now_ns - req.times.received_ns) // 1000
         req.error = RequestTimeout(
             f"model {rt.config.name!r}: deadline passed after {waited_us} us, before a worker answered"

@@ -191,12 +191,12 @@ class SlotSink:
     def dequeue(self, request: HeldRequest, now_ns: int) -> bool:
         header(request.slot)["dequeued_ns"] = now_ns
         item = request.item
+        deadline_ns = request_deadline_ns(item)
+        if deadline_ns and now_ns > deadline_ns:  # first: one answered at its deadline is cancelled too
+            self._finish(request, TIMED_OUT)
+            return True
         if self._cancel[item.request_id]:
             self._finish(request, CANCELLED)
-            return True
-        deadline_ns = request_deadline_ns(item)
-        if deadline_ns and now_ns > deadline_ns:
-            self._finish(request, TIMED_OUT)
             return True
         return False
 

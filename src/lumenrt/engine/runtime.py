@@ -38,6 +38,7 @@ Shutdown order
      reference.
 """
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -138,7 +139,8 @@ class ModelRuntime:
                 f"model {config.name!r}: dynamic_batching.priority_levels > 1 needs the thread pool "
                 "(--mode thread): worker processes take requests from one ring"
             )
-        # per priority level: its queue bound (the default policy's without levels)
+        # per priority level: its queue policy and bound (the default policy's without levels)
+        self._policies = [db.policy(lv) for lv in range(1, self.levels + 1)] if db is not None else []
         self._level_max = [
             db.policy(lv).max_queue_size if db is not None else 1024 for lv in range(1, self.levels + 1)
         ]
@@ -153,8 +155,10 @@ class ModelRuntime:
         lay.add(ring_required_bytes(ring_cap), name="requests")
         for lv in range(2, self.levels + 1):
             lay.add(ring_required_bytes(ring_capacity(self._level_max[lv - 1])), name=f"requests_{lv}")
-        if self.levels > 1:  # one token per request queued at any level (batcher.PrioritySource)
-            lay.add(ring_required_bytes(ring_capacity(self._max_queue)), name="doorbell")
+        # one token per request in any level ring: as many as the level rings can hold
+        self._doorbell_cap = ring_capacity(sum(ring_capacity(m) for m in self._level_max))
+        if self.levels > 1:  # (batcher.PrioritySource)
+            lay.add(ring_required_bytes(self._doorbell_cap), name="doorbell")
         lay.add(latches_required_bytes(table_size), name="latches")
         if self._arena_plan is not None:
             plan = self._arena_plan
@@ -179,7 +183,7 @@ class ModelRuntime:
             self.doorbell = Ring.create(
                 self.region,
                 options.queue_type,
-                ring_capacity(self._max_queue),
+                self._doorbell_cap,
                 offset=lay.offsets["doorbell"],
             )
             self.doorbell.spin_ns = self._spin_ns
@@ -258,6 +262,10 @@ class ModelRuntime:
                 if not items:
                     break
                 for item in items:
+                    doorbell = self.doorbell
+                    if doorbell is not None:  # its token, if it has one: no worker may take it
+                        with contextlib.suppress(RingClosed):
+                            doorbell.pop_many(1, timeout_s=0)
                     req = self.table.records[item.request_id]
                     req.error = ModelNotReady(f"model {self.config.name!r} is unloading")
                     req.times.completed_ns = time.monotonic_ns()
@@ -281,8 +289,8 @@ class ModelRuntime:
         try:
             pushed = try_push_request(self.level_rings[req.level - 1], req)
             doorbell = self.doorbell
-            if pushed and doorbell is not None:
-                doorbell.try_push(req.index)  # after the request (see batcher.PrioritySource)
+            if pushed and doorbell is not None:  # after the request (see batcher.PrioritySource)
+                self._push_token(doorbell, req)
         except RingClosed:
             pushed = False
         except LrtError as e:
@@ -304,9 +312,11 @@ class ModelRuntime:
             if doorbell is None:
                 pushed = push_request_wait(self.ring, req, self.table.latches, self._spin_ns)
             else:  # the request to its level, then its token, and wait (batcher.PrioritySource)
-                pushed = try_push_request(self.level_rings[req.level - 1], req) and push_request_wait(
-                    doorbell, req, self.table.latches, self._spin_ns
-                )
+                pushed = try_push_request(self.level_rings[req.level - 1], req)
+                if pushed and not self._push_token(doorbell, req, wait=True):
+                    # no token (the doorbell closed: unloading): in flight all the same, and
+                    # answered by close (_fail_untokened); wait for that, bounded
+                    self.table.latches.wait(req.index, timeout_s=ABANDON_WAIT_S)
         except RingClosed:
             pushed = False
         except LrtError as e:  # raised before the push took effect (e.g. too many producer threads)
@@ -327,16 +337,28 @@ class ModelRuntime:
             return None
         return self.lane.run(inputs, self.queued(), times, timeout_s)
 
+    def _push_token(self, doorbell: Ring, req: InferRequest, wait: bool = False) -> bool:
+        """The token of a request already in its level ring (``wait``: and wait for its answer,
+        ``push_request_wait``). False if the doorbell refused it: it is closed (the doorbell holds
+        as many tokens as the level rings hold requests, so it is never full); the request then
+        stays in flight and ``close`` answers it (``_fail_untokened``)."""
+        try:
+            if wait:
+                return push_request_wait(doorbell, req, self.table.latches, self._spin_ns)
+            return doorbell.try_push(req.index)
+        except (RingClosed, LrtError):
+            return False
+
     def requeue(self, req: InferRequest) -> bool:
         """Put a request a worker took back at the tail of the lowest level (timeout_action DELAY,
         batcher.DelayingSource); False if the ring refused it (the worker then runs it)."""
         try:
             if not try_push_request(self.level_rings[-1], req):
                 return False
-            if self.doorbell is not None:
-                self.doorbell.try_push(req.index)  # after the request (batcher.PrioritySource)
         except (RingClosed, LrtError):
             return False
+        if self.doorbell is not None:
+            self._push_token(self.doorbell, req)  # after the request (batcher.PrioritySource)
         return True
 
     def queued(self) -> int:
@@ -388,7 +410,7 @@ class ModelRuntime:
         req.rows = rows
         req.level = level
         if db is not None:
-            policy = db.policy(level)
+            policy = self._policies[level - 1]
             if timeout_s is None or not policy.allow_timeout_override:
                 timeout_s = policy.default_timeout_us / 1e6 if policy.default_timeout_us else None
             if policy.timeout_action == "DELAY":  # past its timeout it is not refused: it waits

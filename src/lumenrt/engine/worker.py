@@ -29,6 +29,7 @@ import numpy as np
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.batcher import Batcher, BatchPolicy, DelayingSource, IdleBoard, PrioritySource, RingSource
 from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.descriptors import request_generation
 from lumenrt.engine.execute import CANCELLED_MESSAGE, BatchPlan, execute_batch, timed_out_message
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, add_counts, duration_buckets
 from lumenrt.engine.request import (
@@ -209,7 +210,13 @@ class ThreadWorker:
                     items = batcher.next_batch()  # sets the latches of the last batch first
                 except RingClosed:
                     break
-                execute_batch(plan, session, [records[item.request_id] for item in items], sink)
+                batch = [records[item.request_id] for item in items]
+                if any(r.generation != request_generation(i) for r, i in zip(batch, items, strict=True)):
+                    # a descriptor whose record was answered and reused meanwhile: not this request
+                    batch = [
+                        r for r, i in zip(batch, items, strict=True) if r.generation == request_generation(i)
+                    ]
+                execute_batch(plan, session, batch, sink)
         finally:
             for index in self._signal:  # completed, but the loop ended before the next take
                 self._table.latches.set(index)
@@ -239,13 +246,13 @@ class ThreadSink:
     def dequeue(self, request: InferRequest, now_ns: int) -> bool:
         times = request.times
         times.dequeued_ns = now_ns
+        if request.deadline_ns and now_ns > request.deadline_ns:  # first: a request the event loop
+            self.stats.expired += 1  # answered at its deadline is also cancelled (engine.py)
+            self._complete(request, RequestTimeout(timed_out_message(now_ns - times.enqueued_ns)))
+            return True
         if request.cancelled:
             self.stats.cancelled += 1
             self._complete(request, RequestCancelled(CANCELLED_MESSAGE))
-            return True
-        if request.deadline_ns and now_ns > request.deadline_ns:
-            self.stats.expired += 1
-            self._complete(request, RequestTimeout(timed_out_message(now_ns - times.enqueued_ns)))
             return True
         return False
 
