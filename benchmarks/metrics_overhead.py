@@ -14,7 +14,8 @@ The counting itself (each worker's bucket lists, the service's per-protocol coun
 whatever the flags, since Triton-shaped statistics read it too: "off" removes the scrapes and the
 exposition, not the counting. ``--baseline-python P`` adds a **baseline** configuration: the
 server of another install (e.g. a venv holding the commit before the metrics), so the counting's
-own cost shows as baseline against off.
+own cost shows as baseline against off. ``--same-server`` measures one server (metrics on) with and
+without the scrapes, so that nothing but the scrapes differs between the two rows.
 
 The servers are started once and kept (one per configuration; an idle server sleeps); the rows and
 configurations are measured in interleaved rounds, and each figure is the median over the rounds.
@@ -121,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-access-log", action="store_true", help="leave out the metrics+access_log rows")
     ap.add_argument("--out", type=Path, default=ROOT / "results", help="folder for the result file")
     ap.add_argument(
+        "--same-server",
+        action="store_true",
+        help="one server with metrics on: 'off' is it unscraped, 'metrics' scraped (no process effects)",
+    )
+    ap.add_argument(
         "--baseline-python", help="add a 'baseline' row: lumenrt serve from this interpreter's install"
     )
     args = ap.parse_args(argv)
@@ -131,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="lumenrt-metrics-overhead-") as tmp:
         scratch = Path(tmp)
         configs: dict[str, list[str]] = {"off": ["--no-metrics"], "metrics": []}
-        if not args.no_access_log:
+        if args.same_server:  # one server with metrics on, measured unscraped ("off") and scraped
+            configs = {"off": [], "metrics": []}
+        if not args.no_access_log and not args.same_server:
             configs["metrics+access_log"] = ["--access-log", str(scratch / "access.jsonl")]
         commands: dict[str, list[str]] = {}
         if args.baseline_python:
@@ -141,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{model}/{protocol}": {name: [] for name in configs} for model, protocol in ROWS
         }
         scrapes: dict[str, int] = dict.fromkeys(configs, 0)
-        with servers(configs, commands) as started:
+        with servers({"metrics": []} if args.same_server else configs, commands) as started:
+            if args.same_server:
+                started = {"off": started["metrics"], "metrics": started["metrics"]}
             for r in range(args.rounds):
                 for model, protocol in ROWS:
                     for name, server in started.items():

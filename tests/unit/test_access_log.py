@@ -165,3 +165,23 @@ def test_nothing_of_opentelemetry_is_imported_when_tracing_is_off() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize(
+    ("request_id", "model"),
+    [(None, "digits_mlp"), ("abc", "digits_mlp"), ('q"uo\\te\n', "m-1.x"), ("ünï", "squeezenet"), (42, "m")],
+)
+def test_a_formatted_line_is_exactly_the_json_of_its_fields(request_id: Any, model: str) -> None:
+    """The writer formats lines itself (its cost competes with the event loop); they must be the
+    same text json.dumps makes of the fields, escaping included."""
+    log = AccessLog(io.StringIO())
+    try:
+        r = AccessRecord(model, 3, "tcp", 504, request_id, 1_000_000, 9_500_000, 2_000_000, 3_000_000,
+                         4_000_000, 7_000_000, 8_000_000, 2)  # fmt: skip
+        generated = request_id is None
+        rid = log.ids.new() if generated else str(request_id)
+        got = log._format(r, rid, generated)
+        assert got == json.dumps(log._line(r, rid), separators=(", ", ": "))
+        assert json.loads(got)["id"] == rid
+    finally:
+        log.close()
