@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lumenrt.engine.engine import Engine
+from lumenrt.engine.engine import Engine, EngineConfig
 from lumenrt.ingress.app import new_event_loop
 from lumenrt.ingress.http_server import HttpConnection, HttpServer
 from lumenrt.ingress.service import InferenceService, ServeLimits
@@ -121,7 +121,9 @@ def loop_and_server() -> Iterator[tuple[asyncio.AbstractEventLoop, HttpServer]]:
     loop = new_event_loop()
     errors: list[Any] = []
     loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-    with Engine(models=["digits_mlp"]) as engine:
+    # spin_us=0: an infer is always answered after data_received returns (with the default spin,
+    # a fast worker's answer could arrive inside submit, and the tests' "owed" states would vary)
+    with Engine(models=["digits_mlp"], settings=EngineConfig(spin_us=0)) as engine:
         service = InferenceService(engine, ServeLimits(max_body_bytes=4096, max_header_bytes=1024))
         yield loop, HttpServer(service)
     loop.close()
