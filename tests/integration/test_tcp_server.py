@@ -321,7 +321,7 @@ def test_bad_requests_get_error_frames(
     ("data", "expected"),
     [
         (b"not a frame at all, just some bytes", "not a lumenrt frame"),
-        (b"LRT\x02" + bytes(20), "protocol version 2 is not supported: this end speaks lumenrt TCP protocol version 1"),
+        (b"LRT\x03" + bytes(20), "protocol version 3 is not supported: this end speaks version 2"),
     ],
 )  # fmt: skip
 def test_a_bad_frame_gets_an_error_with_id_0_then_the_connection_closes(
@@ -357,7 +357,7 @@ def test_client_disconnect_mid_request_does_not_hurt_the_server(
 
 def test_oversize_frame_is_rejected_before_the_body_is_read(strict_server: ServerThread) -> None:
     with raw_connect(strict_server.ports["tcp"]) as sock:
-        sock.sendall(b"LRT\x01" + struct.pack("<BBHQII", tp.REQUEST, 0, 0, 77, 50, 1 << 20))  # no body sent
+        sock.sendall(b"LRT\x02" + struct.pack("<BBHQII", tp.REQUEST, 0, 0, 77, 50, 1 << 20))  # no body sent
         frames, closed = read_frames(sock)
     assert closed and [f.request_id for f in frames] == [77]
     info = tp.decode_error(frames[0].meta)

@@ -109,7 +109,7 @@ def test_payload_that_does_not_match_the_descriptors_is_refused(h: Harness) -> N
 @pytest.mark.parametrize(
     ("data", "rid", "status", "expected"),
     [
-        (header(version=9), 0, 400, "protocol version 9 is not supported: this end speaks lumenrt TCP protocol version 1"),
+        (header(version=9), 0, 400, "protocol version 9 is not supported: this end speaks version 2"),
         (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0, 400, "an HTTP client on the TCP protocol port?"),
         (header(rid=4, meta=100, payload=5000), 4, 413, "is over the limit of 4096 bytes"),
         (header(rid=4, meta=600), 4, 431, "frame metadata of 600 bytes is over the limit of 512"),

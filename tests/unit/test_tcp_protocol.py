@@ -262,7 +262,7 @@ def test_a_raising_callback_keeps_the_frames_after_it() -> None:
 def header(
     *,
     magic: bytes = b"LRT",
-    version: int = 1,
+    version: int = tp.VERSION,
     kind: int = tp.REQUEST,
     flags: int = 0,
     reserved: int = 0,
@@ -294,8 +294,31 @@ def test_http_on_the_tcp_port_is_named() -> None:
 
 
 def test_version_mismatch_names_both_versions() -> None:
-    err = fatal(header(version=2))
-    assert "protocol version 2 is not supported" in err.message and "version 1" in err.message
+    err = fatal(header(version=3))
+    assert "protocol version 3 is not supported" in err.message and "speaks version 2" in err.message
+    assert err.status == 400 and err.reply_version == 2
+
+
+def test_an_older_version_is_answered_426_in_its_own_version() -> None:
+    err = fatal(header(version=1))
+    assert err.status == 426 and err.reply_version == 1
+    frame = tp.encode_error(0, err.status, err.message, closing=True, version=err.reply_version)
+    assert frame[:4] == b"LRT\x01"
+
+
+def test_auth_frames_round_trip_and_bound_the_key() -> None:
+    frame = tp.encode_auth(9, "k" * 20)
+    kind, _, rid, meta_len, payload_len, _ = tp.read_header(frame, 0, 1 << 16, 1 << 20)
+    assert (kind, rid, payload_len) == (tp.AUTH, 9, 0)
+    assert tp.decode_auth(frame[24 : 24 + meta_len]) == b"k" * 20
+    ok = tp.encode_auth_ok(9, "app")
+    assert tp.decode_auth_ok(ok[24:]) == "app"
+    with pytest.raises(tp.ProtocolError, match=r"key length must be 1\.\.4096"):
+        tp.decode_auth(struct.pack("<H", 5000) + b"x" * 5000)
+    with pytest.raises(tp.ProtocolError, match="ends inside key"):
+        tp.decode_auth(struct.pack("<H", 10) + b"x" * 3)
+    with pytest.raises(tp.ProtocolError, match=r"API key must be 1\.\.4096 bytes"):
+        tp.encode_auth(1, "")
 
 
 def test_reserved_field_must_be_zero_outside_requests() -> None:

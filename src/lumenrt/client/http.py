@@ -181,10 +181,19 @@ def _error_message(body: bytes) -> str:
 class HttpClient:
     """A blocking KServe V2 HTTP client over one keep-alive connection (``http.client``)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8000, *, timeout_s: float | None = 60.0) -> None:
-        """``timeout_s``: how long a connect, send or receive may block (None: no limit)."""
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        timeout_s: float | None = 60.0,
+        api_key: str | None = None,
+    ) -> None:
+        """``timeout_s``: how long a connect, send or receive may block (None: no limit).
+        ``api_key``: sent as ``Authorization: Bearer <key>`` with every request."""
         self.host = host
         self.port = port
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
         self._conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
 
     def close(self) -> None:
@@ -202,7 +211,7 @@ class HttpClient:
         reused = self._conn.sock is not None
         for attempt in (0, 1):
             try:
-                self._conn.request(method, path, body=body, headers=dict(headers or {}))
+                self._conn.request(method, path, body=body, headers={**(headers or {}), **self._auth})
                 resp = self._conn.getresponse()
                 data = resp.read()
                 if resp.will_close:
@@ -300,9 +309,18 @@ class AsyncHttpClient:
     """An asyncio KServe V2 HTTP client: concurrent requests over a small pool of keep-alive
     connections (one request at a time on each, as HTTP/1.1 without pipelining)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8000, *, max_connections: int = 16) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        max_connections: int = 16,
+        api_key: str | None = None,
+    ) -> None:
+        """``api_key``: sent as ``Authorization: Bearer <key>`` with every request."""
         self.host = host
         self.port = port
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
         self.max_connections = max_connections
         self._idle: list[_Connection] = []
         self._slots: asyncio.Semaphore | None = None
@@ -332,7 +350,11 @@ class AsyncHttpClient:
                 conn = self._idle.pop() if reused else await self._open()
                 try:
                     status, response_headers, data, keep = await conn.request(
-                        f"{self.host}:{self.port}", method, path, headers or {}, body
+                        f"{self.host}:{self.port}",
+                        method,
+                        path,
+                        {**(headers or {}), **self._auth} if self._auth else headers or {},
+                        body,
                     )
                 except (asyncio.IncompleteReadError, ConnectionError) as exc:
                     conn.close()

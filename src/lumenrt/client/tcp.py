@@ -40,6 +40,7 @@ from lumenrt.protocols.tcp import (
     RequestEncoder,
     ResponseDecoder,
     decode_error,
+    encode_auth,
 )
 
 # One receive call's buffer. Kept under glibc's 128 KiB mmap threshold: recv(256 KiB) measured
@@ -120,6 +121,7 @@ class TcpClient:
         connect_timeout_s: float = 10.0,
         network_timeout_s: float | None = None,
         idle_check_s: float = IDLE_CHECK_S,
+        api_key: str | None = None,
     ) -> None:
         """``network_timeout_s``: how long a send or receive may block (None: no limit, fastest).
         A request's own deadline is ``infer(timeout_s=...)``, enforced by the server.
@@ -130,6 +132,7 @@ class TcpClient:
         self.connect_timeout_s = connect_timeout_s
         self.network_timeout_s = network_timeout_s
         self.idle_check_s = idle_check_s
+        self._api_key = api_key  # sent in an AUTH frame first on every connection
         self._sock: socket.socket | None = None
         self._decoder: FrameDecoder | None = None
         self._codec = _Codec()
@@ -156,6 +159,13 @@ class TcpClient:
         self._broken = None
         self._closing = None
         self._last_io = time.monotonic()
+        if self._api_key is not None:  # not awaited: a refused key ends the connection with 401
+            sock.sendall(encode_auth(self._take_id(), self._api_key))
+
+    def _take_id(self) -> int:
+        rid = self._next_id
+        self._next_id = rid + 1 if rid < (1 << 64) - 1 else 1
+        return rid
 
     def close(self) -> None:
         """Close the connection; answers not yet collected are dropped."""
@@ -232,8 +242,7 @@ class TcpClient:
     ) -> int:
         """Send a request without waiting; returns its id for ``recv``."""
         sock = self._ready_socket()
-        rid = self._next_id
-        self._next_id = rid + 1 if rid < (1 << 64) - 1 else 1
+        rid = self._take_id()
         parts = self._codec.encode(rid, model, inputs, outputs, version, timeout_s, timing, priority)
         try:
             if len(parts) == 1:  # small frames come joined from the encoder
@@ -386,10 +395,18 @@ class _ClientProtocol(asyncio.Protocol):
 class AsyncTcpClient:
     """An asyncio client: any number of concurrent ``await infer(...)`` over one connection."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8003, *, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8003,
+        *,
+        connect_timeout_s: float = 10.0,
+        api_key: str | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.connect_timeout_s = connect_timeout_s
+        self._api_key = api_key  # sent in an AUTH frame first on every connection
         self._protocol: _ClientProtocol | None = None
         self._codec = _Codec()
         self._next_id = 1
@@ -409,6 +426,13 @@ class AsyncTcpClient:
                 self.connect_timeout_s,
             )
             self._protocol = protocol
+            if self._api_key is not None and protocol.transport is not None:
+                protocol.transport.write(encode_auth(self._take_id(), self._api_key))
+
+    def _take_id(self) -> int:
+        rid = self._next_id
+        self._next_id = rid + 1 if rid < (1 << 64) - 1 else 1
+        return rid
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None
@@ -442,8 +466,7 @@ class AsyncTcpClient:
         transport = protocol.transport
         if protocol.lost is not None or transport is None:
             raise ConnectionError(f"connection to {self.host}:{self.port} lost: {protocol.lost}")
-        rid = self._next_id
-        self._next_id = rid + 1 if rid < (1 << 64) - 1 else 1
+        rid = self._take_id()
         parts = self._codec.encode(rid, model, inputs, outputs, version, timeout_s, timing, priority)
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         protocol.pending[rid] = future

@@ -36,7 +36,8 @@ MIN_ARENA_SLOT_BYTES = 64  # one cache line
 # `benchmarks/engine.py --scenario digits-overhead --spin-us N`. 0 = sleep at once.
 DEFAULT_SPIN_US = 50
 
-SECTIONS = ("engine", "server")  # top-level keys of the file; server: ingress/serve_config.py
+# top-level keys of the file; server: ingress/serve_config.py; rate_limits: ingress/rate_limit.py
+SECTIONS = ("engine", "server", "rate_limits")
 ENGINE_KEYS = (
     "queue_type",
     "allocator_type",

@@ -18,12 +18,18 @@ Shutdown order (what ``lumenrt serve`` does on SIGINT/SIGTERM):
 
 import asyncio
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lumenrt.engine.engine import Engine
+from lumenrt.ingress.auth import Gate
+from lumenrt.ingress.rate_limit import RateLimiter, RateLimits
 from lumenrt.ingress.service import InferenceService, ServeLimits
+
+logger = logging.getLogger(__name__)
+WATCH_INTERVAL_S = 2.0  # how often the key and certificate files are checked for changes (guessed)
 
 
 class FrontEnd(Protocol):
@@ -46,6 +52,8 @@ class ServeOptions:
     cache_size_bytes: int = 0  # the response cache's budget; 0 = no cache (models that enable it warn)
     metrics: bool = True  # GET /metrics on the HTTP port (observability/metrics.py)
     metrics_port: int | None = None  # and on a port of their own (0: any free port; None: none)
+    auth: Gate | None = None  # API keys and endpoint groups (ingress/auth.py); None: all open
+    rate_limits: RateLimits | None = None  # per-client limits (ingress/rate_limit.py); None: none
 
 
 class ServerApp:
@@ -58,7 +66,17 @@ class ServerApp:
             from lumenrt.observability.metrics import ServiceMetrics
 
             self.service.metrics = ServiceMetrics(self.service)
+        self.service.gate = self.options.auth
+        limits = self.options.rate_limits
+        self.service.limiter = RateLimiter(limits) if limits is not None and limits.active else None
+        gate = self.options.auth
+        if gate is not None and self.options.metrics_port is not None and not gate.is_open("metrics"):
+            raise ValueError(
+                "--metrics-port serves the metrics without a key check: with API keys, use GET /metrics "
+                "on the HTTP port, or open the metrics group (--open-groups health metrics)"
+            )
         self.front_ends: dict[str, FrontEnd] = {}
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def ports(self) -> dict[str, int]:
@@ -85,12 +103,52 @@ class ServerApp:
                 self.front_ends["metrics"] = MetricsListener(
                     self.service.metrics, opts.host, opts.metrics_port
                 )
+            if self._watched():
+                self._watch = asyncio.get_running_loop().create_task(self._watch_files())
         except BaseException:
             await self._close_front_ends()
             raise
 
+    # ---- keys and certificates: reloaded on SIGHUP (lumenrt serve) or when their files change ----
+
+    def reload(self) -> list[str]:
+        """Read the API keys and the TLS certificates again (what failed keeps the old ones, logged);
+        returns what was reloaded."""
+        done = []
+        gate = self.service.gate
+        if gate is not None and gate.source.path is not None and gate.reload():
+            done.append("api keys")
+        tls = getattr(self, "tls", None)
+        if tls is not None:
+            try:
+                tls.reload()
+                done.append("tls certificates")
+            except ValueError as exc:
+                logger.error("TLS certificates not reloaded, the old ones stay in use: %s", exc)
+        return done
+
+    def _watched(self) -> bool:
+        gate = self.service.gate
+        return (gate is not None and gate.source.path is not None) or getattr(self, "tls", None) is not None
+
+    async def _watch_files(self) -> None:
+        """Reload what changed on disk, checked every WATCH_INTERVAL_S (a stat per file)."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            try:
+                gate = self.service.gate
+                if gate is not None and gate.changed():
+                    gate.reload()
+                tls = getattr(self, "tls", None)
+                if tls is not None and tls.changed():
+                    tls.reload()
+            except Exception as exc:  # a bad file keeps the old keys/certificates; keep watching
+                logger.error("reload after a file change failed, the old settings stay in use: %s", exc)
+
     async def shutdown(self) -> bool:
         """Drain and stop; True if every in-flight request finished within the grace period."""
+        if self._watch is not None:
+            self._watch.cancel()
         self.service.stop_accepting()
         drained = await self.service.wait_idle(self.options.limits.grace_s)
         for fe in self.front_ends.values():

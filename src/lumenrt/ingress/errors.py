@@ -36,9 +36,12 @@ def as_server_error(exc: BaseException) -> ServerError:
 # HTTP status -> gRPC status code name (grpc.StatusCode member), as Triton maps them.
 GRPC_CODES = {
     400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     408: "DEADLINE_EXCEEDED",
     413: "RESOURCE_EXHAUSTED",
+    429: "RESOURCE_EXHAUSTED",
     499: "CANCELLED",
     500: "INTERNAL",
     503: "UNAVAILABLE",
@@ -49,6 +52,8 @@ GRPC_CODES = {
 REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
@@ -56,6 +61,8 @@ REASONS = {
     413: "Payload Too Large",
     415: "Unsupported Media Type",
     417: "Expectation Failed",
+    426: "Upgrade Required",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     499: "Client Closed Request",
     500: "Internal Server Error",

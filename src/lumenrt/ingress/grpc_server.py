@@ -224,6 +224,8 @@ class GrpcServicer:
         received_ns = time.monotonic_ns()
         service = self.service
         rt = service.runtime(request.model_name, request.model_version)
+        if service.limiter is not None:
+            service.admit_client(_client(service, context), rt, "grpc", received_ns)
         model = rt.config.name
         arrays = service.check_inputs(rt, _decode_inputs(request, self.limits.max_elements, model))
         outputs = service.check_outputs(rt, _requested_outputs(request, model))
@@ -269,11 +271,46 @@ class GrpcServicer:
         return response
 
 
-def _guarded(handler: Handler) -> Handler:
-    """``handler`` with every failure answered as a gRPC status (ServerError's, else INTERNAL)."""
+# rpc -> its endpoint group (ingress/auth.py); an rpc missing here fails at start-up
+GROUPS = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelConfig": "metadata",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "ModelInfer": "inference",
+}
+
+
+def _client(service: InferenceService, context: Any) -> str:
+    """Who sent a call, for the rate limits: its API key's name, else its address."""
+    gate = service.gate
+    if gate is not None:
+        key, _ = gate.from_metadata(context.invocation_metadata())
+        if key is not None:
+            return key.name
+    peer = str(context.peer() or "unknown")  # ipv4:127.0.0.1:5000, ipv6:[::1]:5000, unix:...
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return peer
+
+
+def _guarded(handler: Handler, service: InferenceService, group: str) -> Handler:
+    """``handler`` behind the key check of its endpoint ``group`` (401 -> UNAUTHENTICATED, 403 ->
+    PERMISSION_DENIED), with every failure answered as a gRPC status (ServerError's, else INTERNAL)."""
 
     async def rpc(request: Any, context: Any) -> Any:
         try:
+            gate = service.gate
+            if gate is not None and not gate.is_open(group):
+                key, presented = gate.from_metadata(context.invocation_metadata())
+                gate.check(group, key, presented)
             return await handler(request, context)
         except Exception as exc:  # CancelledError is not an Exception: cancellation passes through
             err = as_server_error(exc)
@@ -295,7 +332,7 @@ def generic_handler(service: InferenceService) -> Any:
         request_class = getattr(pb, method.input_type.name)
         response_class = getattr(pb, method.output_type.name)
         methods[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(getattr(servicer, _snake(method.name))),
+            _guarded(getattr(servicer, _snake(method.name)), service, GROUPS[method.name]),
             request_deserializer=request_class.FromString,
             response_serializer=response_class.SerializeToString,
         )

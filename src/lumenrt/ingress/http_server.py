@@ -45,6 +45,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.connection import Connection, Listener
 from lumenrt.ingress.errors import REASONS, as_server_error, not_found
 from lumenrt.ingress.service import InferenceService, InferOutcome
@@ -69,6 +70,7 @@ class HttpRequest:
     received_ns: int
     http_10: bool = False  # an HTTP/1.0 request: a kept-alive answer must say so
     error: ServerError | None = None  # its body could not be decoded: answered with this
+    client: str = ""  # who sent it, for the rate limits: its API key's name, else its address
 
 
 @dataclass(slots=True)
@@ -128,6 +130,7 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._decoder: ContentDecoder | None = None
         self._body_error: ServerError | None = None
         self._continue_owed = False  # Expect: 100-continue waits for the answers owed before it
+        self._peer_host: str | None = None  # the client's address, once asked for (``_peer``)
         self._begun = 0  # messages begun ...
         self._finished = 0  # ... and received whole: one in progress while they differ
 
@@ -272,12 +275,21 @@ class HttpConnection(Connection, asyncio.Protocol):
             time.monotonic_ns(),
             self._http_10,
             self._body_error,
+            self._peer() if self.service.limiter is not None else "",
         )
         self._queue.append(req)
         if len(self._queue) >= MAX_PIPELINED and not self.load_paused:
             self._pause_for_load()
         if not self._busy:
             self._next()
+
+    def _peer(self) -> str:
+        """The client's address (the rate limits' key when it sends no API key)."""
+        peer = self._peer_host
+        if peer is None:
+            name = self.transport.get_extra_info("peername") if self.transport is not None else None
+            peer = self._peer_host = str(name[0]) if isinstance(name, tuple) and name else "unknown"
+        return peer
 
     # ---- handling -----------------------------------------------------------------------------
 
@@ -394,8 +406,11 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
     path = req.path.split("?", 1)[0]
     if "%" in path:
         path = unquote(path)
+    gate = service.gate
     if path == "/metrics":
         _method(req.method == b"GET", req, "GET")
+        if gate is not None:
+            _allow(gate, req, "metrics")
         return _metrics(service)
     parts = path.strip("/").split("/")
     if not parts or parts[0] != "v2":
@@ -405,18 +420,26 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
     post = req.method == b"POST"
     if not rest:
         _method(get, req, "GET")
+        if gate is not None:
+            _allow(gate, req, "metadata")
         return json_response(service.server_metadata())
     if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
         _method(get, req, "GET")
+        if gate is not None:
+            _allow(gate, req, "health")
         ok = service.live() if rest[1] == "live" else service.ready()
         return Response(200 if ok else 503)
     if rest[0] == "repository":
+        if gate is not None:
+            _allow(gate, req, "model-repository")
         return _repository(service, req, rest[1:], post)
     if rest[0] != "models":
         raise not_found(f"no route for {path!r}")
     rest = rest[1:]
     if rest == ["stats"]:
         _method(get, req, "GET")
+        if gate is not None:
+            _allow(gate, req, "statistics")
         return json_response(service.statistics())
     if not rest:
         raise not_found("no route for '/v2/models' (name a model: /v2/models/{name})")
@@ -425,6 +448,8 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
     if len(rest) >= 2 and rest[0] == "versions":
         version, rest = rest[1], rest[2:]
     action = rest[0] if len(rest) == 1 else "" if not rest else None
+    if gate is not None and action in _GROUPS:
+        _allow(gate, req, _GROUPS[action])
     if action == "infer":
         _method(post, req, "POST")
         return _infer(service, req, name, version)
@@ -441,6 +466,26 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
         _method(get, req, "GET")
         return json_response(service.statistics(name, version))
     raise not_found(f"no route for {path!r}")
+
+
+# a model route's action -> its endpoint group (ingress/auth.py)
+_GROUPS = {
+    "infer": "inference",
+    "": "metadata",
+    "config": "metadata",
+    "ready": "health",
+    "stats": "statistics",
+}
+
+
+def _allow(gate: Gate, req: HttpRequest, group: str) -> None:
+    """401/403 unless ``req`` may use ``group``; an accepted key names the client (rate limits)."""
+    if gate.is_open(group):
+        return
+    key, presented = gate.from_headers(req.headers)
+    key = gate.check(group, key, presented)
+    if key is not None:
+        req.client = key.name
 
 
 def _metrics(service: InferenceService) -> Response:
@@ -493,6 +538,8 @@ def _json_object(body: bytes) -> dict[str, Any]:
 
 def _infer(service: InferenceService, req: HttpRequest, name: str, version: str | None) -> Any:
     rt = service.runtime(name, version)
+    if service.limiter is not None:
+        service.admit_client(req.client, rt, "http", req.received_ns)
     header = req.headers.get(HEADER_LENGTH)
     if header is not None:
         if not header.isdigit():

@@ -171,6 +171,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--grace-s", type=float, default=d.grace_s, help="shutdown: time in-flight requests get to finish"
     )
+    from lumenrt.ingress.auth import DEFAULT_KEY_HEADER, DEFAULT_OPEN_GROUPS, GROUPS, KEYS_ENV
+
+    auth = p.add_argument_group(
+        "authentication and rate limits (README: Securing a deployment)",
+        "SIGHUP, or a change to the key file, reloads the keys (and the TLS certificates) without a restart.",
+    )
+    auth.add_argument(
+        "--api-keys",
+        type=Path,
+        metavar="FILE",
+        help="API keys file (YAML/JSON: keys: [{name, key | sha256, groups}]); or put the same document in "
+        f"${KEYS_ENV} (keys never go on the command line). With keys, every endpoint group but the open "
+        "ones needs a key: HTTP 'Authorization: Bearer <key>', gRPC the same metadata, TCP an AUTH frame",
+    )
+    auth.add_argument(
+        "--open-groups",
+        nargs="+",
+        choices=(*GROUPS, "none"),
+        default=list(DEFAULT_OPEN_GROUPS),
+        metavar="GROUP",
+        help=f"endpoint groups that need no key when keys are on (default: {' '.join(DEFAULT_OPEN_GROUPS)}; "
+        f"'none': every group needs one); groups: {', '.join(GROUPS)}",
+    )
+    auth.add_argument(
+        "--api-key-header",
+        default=DEFAULT_KEY_HEADER,
+        metavar="NAME",
+        help=f"a header (and gRPC metadata key) that may carry the key instead of Authorization (Triton's "
+        f"restricted-API form, '<NAME>: <key>'; default {DEFAULT_KEY_HEADER})",
+    )
+    auth.add_argument(
+        "--rate-limit",
+        type=float,
+        metavar="PER_S",
+        help="inference requests per second per client (its key's name, or its address without keys), "
+        "all models together, burst = one second's worth; over it: 429 + Retry-After. The --config "
+        "file's rate_limits section sets per-model and per-key limits",
+    )
     from lumenrt.observability.logging import DEFAULT_LOG_LEVEL, LOG_LEVELS
 
     logs = p.add_argument_group("logs and traces")
@@ -241,6 +279,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        security = _security(args)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"lumenrt serve: {exc}", file=sys.stderr)
+        return 2
+    try:
         access = _open_access_log(args.access_log, args.trace)
     except OSError as exc:
         print(f"lumenrt serve: --access-log {args.access_log}: {exc}", file=sys.stderr)
@@ -249,11 +292,44 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_serve(args, settings, limits, access))
+        return loop.run_until_complete(_serve(args, settings, limits, access, security))
     finally:
         loop.close()
         if access is not None:  # after the loop: every answer has been recorded
             access.close()
+
+
+def _security(args: argparse.Namespace) -> dict[str, Any]:
+    """The key gate and the rate limits the flags and the config file ask for (ServeOptions'
+    ``auth`` and ``rate_limits``); raises ConfigError / KeyFileError naming the flag or field."""
+    from lumenrt.engine.config import check_keys, read_config_file
+    from lumenrt.engine.server_config import SECTIONS
+    from lumenrt.ingress.auth import Gate, key_source
+    from lumenrt.ingress.rate_limit import SECTION, Rate, RateLimits, parse_rate_limits
+
+    out: dict[str, Any] = {"auth": None, "rate_limits": None}
+    source = key_source(args.api_keys)
+    open_groups = [] if "none" in args.open_groups else args.open_groups
+    if source is not None:
+        out["auth"] = Gate(source, open_groups, args.api_key_header)
+        if args.metrics_port is not None and "metrics" not in open_groups:
+            raise ValueError(
+                "--metrics-port serves the metrics without a key check: with API keys, scrape GET /metrics "
+                "on the HTTP port with a key, or open the group (--open-groups health metrics)"
+            )
+    limits = RateLimits()
+    if args.config is not None:
+        raw = check_keys(read_config_file(args.config), SECTIONS, args.config, "")
+        if raw.get(SECTION) is not None:
+            limits = parse_rate_limits(raw[SECTION], args.config)
+    if args.rate_limit is not None:
+        if not args.rate_limit > 0:
+            raise ValueError(f"--rate-limit must be > 0 requests per second, got {args.rate_limit:g}")
+        per_s = float(args.rate_limit)
+        limits = RateLimits(Rate(per_s, max(1.0, per_s)), limits.models, limits.clients, limits.max_clients)
+    if limits.active:
+        out["rate_limits"] = limits
+    return out
 
 
 def _open_access_log(path: str | None, trace_url: str | None) -> Any:
@@ -276,7 +352,13 @@ def _open_access_log(path: str | None, trace_url: str | None) -> Any:
         raise
 
 
-async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits, access: Any = None) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    settings: Any,
+    limits: ServeLimits,
+    access: Any = None,
+    security: dict[str, Any] | None = None,
+) -> int:
     from lumenrt.engine.engine import Engine
     from lumenrt.ingress.app import ServeOptions, ServerApp
 
@@ -291,6 +373,14 @@ async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits, a
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    app_ref: list[Any] = []  # the app once it exists: SIGHUP reloads its keys and certificates
+
+    def on_reload() -> None:
+        if app_ref:
+            done = app_ref[0].reload()
+            print(f"lumenrt serve: SIGHUP: reloaded {', '.join(done) or 'nothing'}", flush=True)
+
+    loop.add_signal_handler(signal.SIGHUP, on_reload)
     from lumenrt.native import clean_stale
 
     swept = clean_stale()
@@ -307,19 +397,26 @@ async def _serve(args: argparse.Namespace, settings: Any, limits: ServeLimits, a
     except Exception as exc:
         print(f"lumenrt serve: cannot load the models: {exc}", file=sys.stderr)
         return 2
-    app = ServerApp(
-        engine,
-        ServeOptions(
-            args.host,
-            args.http_port,
-            args.grpc_port,
-            args.tcp_port,
-            limits,
-            cache_size_bytes=args.cache_size_bytes,
-            metrics=not args.no_metrics,
-            metrics_port=args.metrics_port,
-        ),
-    )
+    try:
+        app = ServerApp(
+            engine,
+            ServeOptions(
+                args.host,
+                args.http_port,
+                args.grpc_port,
+                args.tcp_port,
+                limits,
+                cache_size_bytes=args.cache_size_bytes,
+                metrics=not args.no_metrics,
+                metrics_port=args.metrics_port,
+                **(security or {}),
+            ),
+        )
+    except ValueError as exc:
+        print(f"lumenrt serve: {exc}", file=sys.stderr)
+        await loop.run_in_executor(None, engine.close)
+        return 2
+    app_ref.append(app)
     app.service.access_log = access
     try:
         try:

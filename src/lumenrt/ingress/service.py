@@ -25,7 +25,9 @@ from lumenrt import __version__
 from lumenrt.engine.engine import Engine
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, duration_buckets
 from lumenrt.engine.request import Array, InferRequest, StageTimes
+from lumenrt.ingress.auth import ApiKey, Gate
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
+from lumenrt.ingress.rate_limit import RateLimiter
 from lumenrt.ingress.response_cache import CacheInput, CacheKey, CacheStats, ResponseCache
 from lumenrt.observability.access_log import AccessLog
 from lumenrt.protocols.errors import ServerError, bad_request
@@ -182,6 +184,10 @@ class InferenceService:
         # one record per answer, which it writes from a thread of its own
         self.access_log: AccessLog | None = None
         self._cache_memo: tuple[Mapping[str, Array], list[str], CacheKey] | None = None
+        # who may call what (ingress/auth.py; None: every endpoint open) and how often
+        # (ingress/rate_limit.py; None: no limits); set by ServerApp
+        self.gate: Gate | None = None
+        self.limiter: RateLimiter | None = None
 
     # ---- health and metadata ------------------------------------------------------------------
 
@@ -527,6 +533,21 @@ class InferenceService:
         req = pending.engine_request
         if req is not None and req.context is pending:  # not answered and released yet
             pending.runtime.cancel(req)
+
+    def admit_client(self, client: str, rt: Any, protocol: str, received_ns: int = 0) -> None:
+        """``client``'s rate limits (its key's name, or its address): raises 429, counted as the
+        model's answer, when it is over one. Call only when ``limiter`` is set."""
+        assert self.limiter is not None
+        try:
+            self.limiter.admit(client, rt.config.name)
+        except ServerError as err:
+            self._done(rt, received_ns or time.monotonic_ns(), False, protocol, err.status)
+            raise
+
+    def authorize(self, group: str, key: ApiKey | None, presented: bool) -> ApiKey | None:
+        """The gate's check (401/403), for a front end that found ``key``; no gate: None."""
+        gate = self.gate
+        return None if gate is None else gate.check(group, key, presented)
 
     def check_priority(self, rt: Any, priority: int, where: str) -> None:
         """A request's priority against its model's levels (400 naming ``where``)."""

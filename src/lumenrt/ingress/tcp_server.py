@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from lumenrt.ingress.auth import ApiKey
 from lumenrt.ingress.connection import Connection, Listener
 from lumenrt.ingress.errors import as_server_error
 from lumenrt.ingress.service import (
@@ -49,6 +50,7 @@ from lumenrt.ingress.service import (
 from lumenrt.protocols.errors import ServerError
 from lumenrt.protocols.raw import split_payload
 from lumenrt.protocols.tcp import (
+    AUTH,
     FLAG_TIMING,
     KIND_NAMES,
     KNOWN_FLAGS,
@@ -58,7 +60,9 @@ from lumenrt.protocols.tcp import (
     ProtocolError,
     RequestMeta,
     ResponseEncoder,
+    decode_auth,
     decode_request_meta,
+    encode_auth_ok,
     encode_error,
 )
 from lumenrt.protocols.tcp_receiver import FrameReceiver
@@ -146,6 +150,11 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         self.draining_since = 0.0
         self.peer_eof = False
         self._received_ns = 0
+        # authentication (ingress/auth.py): the key of the connection's last AUTH frame
+        self.key: ApiKey | None = None
+        self.key_generation = 0  # the gate's generation when ``key`` was found (a reload re-finds it)
+        self.presented = False  # an AUTH frame came (a key not found or removed answers 401)
+        self._peer_host: str | None = None
 
     # ---- asyncio.BufferedProtocol ----------------------------------------------------------
 
@@ -189,6 +198,9 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             return
         rid = frame.request_id
         if frame.kind != REQUEST:
+            if frame.kind == AUTH:
+                self._authenticate(frame)
+                return
             name = KIND_NAMES.get(frame.kind, "unknown")
             self._reply_error(
                 rid, 400, f"frame kind {frame.kind} ({name}) is not accepted by the server: send requests (1)"
@@ -207,7 +219,12 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
                     f"request payload is {frame.payload_bytes} bytes but its inputs total {meta.payload_bytes}"
                 )
             arrays = split_payload(frame.data, frame.payload_at, meta.slots, "input", ProtocolError)
-            rt = self.service.runtime(meta.model, meta.version or None)
+            service = self.service
+            if service.gate is not None:
+                self._check_key()
+            rt = service.runtime(meta.model, meta.version or None)
+            if service.limiter is not None:
+                service.admit_client(self._client(), rt, "tcp", self._received_ns)
             if rt is plan.runtime:  # names and datatypes already checked against this runtime
                 checked = {s.name: a for s, a in zip(meta.slots, arrays, strict=True)}
             else:
@@ -259,6 +276,51 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         if self.in_flight >= MAX_IN_FLIGHT:
             self._pause_for_load()
 
+    # ---- authentication and rate limits -------------------------------------------------------
+
+    def _authenticate(self, frame: Frame) -> None:
+        """An AUTH frame: the connection's key from now on, answered AUTH_OK with its name; a key
+        the server does not know ends the connection (401), so keys cannot be tried in a loop."""
+        rid = frame.request_id
+        gate = self.service.gate
+        try:
+            presented = decode_auth(frame.meta)
+        except ProtocolError as exc:
+            self._fatal(ProtocolError(exc.message, fatal=True, request_id=rid))
+            return
+        if gate is None:  # no keys configured: every endpoint is open, any key is accepted
+            self._write(encode_auth_ok(rid, ""))
+            return
+        key = gate.keys.find(presented)
+        if key is None:
+            gate.refused["unauthenticated"] += 1
+            self._fatal(ProtocolError("the API key is not valid", status=401, fatal=True, request_id=rid))
+            return
+        self.key, self.key_generation, self.presented = key, gate.generation, True
+        self._write(encode_auth_ok(rid, key.name))
+
+    def _check_key(self) -> None:
+        """401/403 unless the connection's key may use the inference endpoints."""
+        gate = self.service.gate
+        assert gate is not None
+        if gate.is_open("inference"):
+            return
+        key = self.key
+        if key is not None and self.key_generation != gate.generation:  # keys reloaded
+            key = self.key = gate.keys.by_digest.get(key.digest)
+            self.key_generation = gate.generation
+        gate.check("inference", key, self.presented)
+
+    def _client(self) -> str:
+        """Who sends, for the rate limits: the key's name, else the peer's address."""
+        if self.key is not None:
+            return self.key.name
+        peer = self._peer_host
+        if peer is None:
+            name = self.transport.get_extra_info("peername") if self.transport is not None else None
+            peer = self._peer_host = str(name[0]) if isinstance(name, tuple) and name else "unknown"
+        return peer
+
     def _answered(self, request: _Request, answer: bytes | list[Any]) -> None:
         """The engine answered a queued request (``_Request``): write it, resume reading."""
         self.pending.discard(request)
@@ -303,7 +365,9 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         """Answer, half-close, and discard input until the peer closes or LINGER_S passes."""
         if self.draining:
             return
-        self._write(encode_error(exc.request_id, exc.status, exc.message, closing=True))
+        self._write(
+            encode_error(exc.request_id, exc.status, exc.message, closing=True, version=exc.reply_version)
+        )
         self.draining = self.closing = True  # from here on answers are dropped (the write side is shut)
         self.draining_since = self._clock()
         transport = self.transport

@@ -140,6 +140,35 @@ class ServiceCollector:
         )
         in_flight.add_metric([], service.in_flight)
         yield in_flight
+        yield from self._security()
+
+    def _security(self) -> Iterator[Metric]:
+        """Refusals of the key check and of the rate limits (ingress/auth.py, rate_limit.py):
+        labelled by API key name (never the key); clients known only by address are 'anonymous',
+        so that the label's values stay as few as the keys."""
+        service = self._service
+        gate, limiter = service.gate, service.limiter
+        if gate is not None:
+            refused = CounterMetricFamily(
+                "lumenrt_auth_refusals", "Requests refused by the key check, by reason", labels=["reason"]
+            )
+            for reason, n in sorted(gate.refused.items()):
+                refused.add_metric([reason], n)
+            yield refused
+        if limiter is not None:
+            names = set(gate.keys.names()) if gate is not None else set()
+            by_client: dict[str, int] = {}
+            for client, n in list(limiter.refused.items()):
+                label = client if client in names else "anonymous"
+                by_client[label] = by_client.get(label, 0) + n
+            limited = CounterMetricFamily(
+                "lumenrt_rate_limited",
+                "Requests refused by the rate limits, by client (API key name, or 'anonymous')",
+                labels=["client"],
+            )
+            for client, n in sorted(by_client.items()):
+                limited.add_metric([client], n)
+            yield limited
 
     def _models(self) -> Iterator[_ModelNumbers]:
         service = self._service
@@ -232,7 +261,8 @@ class ServiceCollector:
                     requests.add_metric([*m.labels, protocol, str(status)], n)
             by_reason = {
                 "queue_full": int((s.get("rejections") or {}).get("queue_full", 0)),
-                "rate_limited": 0,  # no rate limiter yet: exported so that dashboards can rely on it
+                # refused by the rate limits (ingress/rate_limit.py): answered 429 on any protocol
+                "rate_limited": sum(p.statuses.get(429, 0) for p in protocols.values()),
                 "deadline": int(s.get("expired", 0)),
                 "cancelled": int(s.get("cancelled", 0)),
             }

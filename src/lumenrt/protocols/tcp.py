@@ -1,4 +1,4 @@
-"""The lumenrt binary TCP protocol, version 1: frame and metadata codecs (no sockets).
+"""The lumenrt binary TCP protocol, version 2: frame and metadata codecs (no sockets).
 
 Shared by the server front end (``lumenrt.ingress.tcp_server``) and the clients
 (``lumenrt.client.tcp``); the wire format is specified in docs/tcp-protocol.md. In short, every
@@ -30,14 +30,17 @@ from lumenrt.protocols import raw
 from lumenrt.protocols.raw import Array, TensorSlot
 
 MAGIC = b"LRT"
-VERSION = 1
+VERSION = 2  # 2 added the AUTH frame; a version 1 peer is refused with a version 1 error frame
 _MAGIC_VERSION = int.from_bytes(MAGIC + bytes([VERSION]), "little")
 
 # Frame kinds.
 REQUEST = 1
 RESPONSE = 2
 ERROR = 3
-KIND_NAMES = {REQUEST: "request", RESPONSE: "response", ERROR: "error"}
+AUTH = 4  # client -> server: an API key for the connection (metadata: u16 length + key bytes)
+AUTH_OK = 5  # server -> client: the key was accepted (metadata: text, the key's name)
+KIND_NAMES = {REQUEST: "request", RESPONSE: "response", ERROR: "error", AUTH: "auth", AUTH_OK: "auth ok"}
+MAX_KEY_BYTES = 4096  # an AUTH frame's key
 
 # Flags. Request: TIMING asks for stage times; response: TIMING says they are there; error:
 # CLOSING says the sender closes the connection after this frame (framing is broken).
@@ -90,12 +93,21 @@ class ProtocolError(Exception):
     ``status``: the HTTP-style status to answer with (400, 413, ...).
     """
 
-    def __init__(self, message: str, *, status: int = 400, fatal: bool = False, request_id: int = 0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        fatal: bool = False,
+        request_id: int = 0,
+        reply_version: int = VERSION,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.fatal = fatal
         self.request_id = request_id
+        self.reply_version = reply_version  # the version an error frame about it is written in
 
 
 # ---- typed wire messages ---------------------------------------------------------------------------
@@ -167,10 +179,14 @@ def encode_header(kind: int, flags: int, request_id: int, meta_bytes: int, paylo
 def _bad_start(head: bytes) -> ProtocolError:
     """Why a header does not start with our magic and version."""
     if head[:3] == MAGIC:
+        # an older peer gets the answer in its own version, so that it can read why
+        older = 0 < head[3] < VERSION
         return ProtocolError(
-            f"protocol version {head[3]} is not supported: this end speaks lumenrt TCP protocol "
-            f"version {VERSION}",
+            f"lumenrt TCP protocol version {head[3]} is not supported: this end speaks version "
+            f"{VERSION} (upgrade lumenrt at the older end)",
+            status=426 if older else 400,
             fatal=True,
+            reply_version=head[3] if older else VERSION,
         )
     hint = ""
     if head[:4] in (b"GET ", b"POST", b"PUT ", b"HEAD", b"PRI "):
@@ -703,11 +719,16 @@ class ResponseDecoder:
 _MAX_MESSAGE_BYTES = 4096  # longer error messages are cut (guessed: far above any real message)
 
 
-def encode_error(request_id: int, status: int, message: str, *, closing: bool = False) -> bytes:
-    """``closing``: the connection ends after this frame (flag CLOSING)."""
+def encode_error(
+    request_id: int, status: int, message: str, *, closing: bool = False, version: int = VERSION
+) -> bytes:
+    """``closing``: the connection ends after this frame (flag CLOSING). ``version``: the header's
+    (an older peer is told in its own version why it is refused)."""
     text = message.encode(errors="replace")[:_MAX_MESSAGE_BYTES]
     body = _U16.pack(status) + text
-    return encode_header(ERROR, FLAG_CLOSING if closing else 0, request_id, len(body), 0) + body
+    magic = int.from_bytes(MAGIC + bytes([version]), "little")
+    flags = FLAG_CLOSING if closing else 0
+    return HEADER.pack(magic, ERROR, flags, 0, request_id, len(body), 0) + body
 
 
 def decode_error(meta: bytes) -> ErrorInfo:
@@ -715,3 +736,40 @@ def decode_error(meta: bytes) -> ErrorInfo:
         raise ProtocolError(f"error metadata of {len(meta)} bytes is shorter than its 2-byte status")
     (status,) = _U16.unpack_from(meta, 0)
     return ErrorInfo(status, meta[2:].decode(errors="replace"))
+
+
+# ---- authentication ------------------------------------------------------------------------------
+
+
+def encode_auth(request_id: int, key: str | bytes) -> bytes:
+    """The AUTH frame that gives a connection its API key (before or between requests)."""
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    if not 0 < len(raw) <= MAX_KEY_BYTES:
+        raise ProtocolError(f"API key must be 1..{MAX_KEY_BYTES} bytes, got {len(raw)}")
+    body = _U16.pack(len(raw)) + raw
+    return encode_header(AUTH, 0, request_id, len(body), 0) + body
+
+
+def decode_auth(meta: bytes) -> bytes:
+    reader = _Reader(meta, "auth frame")
+    length = reader.u16("key length")
+    if not 0 < length <= MAX_KEY_BYTES:
+        raise ProtocolError(f"auth frame: key length must be 1..{MAX_KEY_BYTES}, got {length}")
+    at = reader._need(length, "key")
+    key = bytes(meta[at : at + length])
+    reader.finish()
+    return key
+
+
+def encode_auth_ok(request_id: int, name: str) -> bytes:
+    out: list[bytes] = []
+    _write_text(out, name, "key name", empty_ok=True)
+    body = b"".join(out)
+    return encode_header(AUTH_OK, 0, request_id, len(body), 0) + body
+
+
+def decode_auth_ok(meta: bytes) -> str:
+    reader = _Reader(meta, "auth ok frame")
+    name = reader.text("key name", empty_ok=True)
+    reader.finish()
+    return name
