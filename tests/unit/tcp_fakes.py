@@ -222,7 +222,15 @@ def request(rid: int, rows: int = 1, model: str = "double", **kw: Any) -> bytes:
 
 
 def header(**fields: int) -> bytes:
-    f = {"version": tp.VERSION, "kind": tp.REQUEST, "flags": 0, "reserved": 0, "rid": 1, "meta": 0, "payload": 0}
+    f = {
+        "version": tp.VERSION,
+        "kind": tp.REQUEST,
+        "flags": 0,
+        "reserved": 0,
+        "rid": 1,
+        "meta": 0,
+        "payload": 0,
+    }
     f.update(fields)
     return b"LRT" + struct.pack("<BBBHQII", *f.values())
 
