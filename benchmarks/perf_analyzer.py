@@ -149,7 +149,10 @@ def perf_analyzer_problem() -> str | None:
 
 
 def _url_for(url: str) -> str:
-    """perf_analyzer wants ``host:port`` for both protocols; drop a scheme and trailing slash if given."""
+    """perf_analyzer wants ``host:port`` for both protocols; drop a scheme and trailing slash if given,
+    except ``https://``, which turns TLS on for HTTP (with its ``--ssl-https-*`` options)."""
+    if url.startswith("https://"):
+        return url.rstrip("/")
     return re.sub(r"^[a-z]+://", "", url).rstrip("/")
 
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import ssl as ssl_module
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -188,13 +189,19 @@ class HttpClient:
         *,
         timeout_s: float | None = 60.0,
         api_key: str | None = None,
+        ssl: "ssl_module.SSLContext | None" = None,
     ) -> None:
         """``timeout_s``: how long a connect, send or receive may block (None: no limit).
-        ``api_key``: sent as ``Authorization: Bearer <key>`` with every request."""
+        ``api_key``: sent as ``Authorization: Bearer <key>`` with every request. ``ssl``: HTTPS
+        with this context (``lumenrt.client.tls.client_context``)."""
         self.host = host
         self.port = port
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
-        self._conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        self._conn: http.client.HTTPConnection
+        if ssl is not None:
+            self._conn = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=ssl)
+        else:
+            self._conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
 
     def close(self) -> None:
         self._conn.close()
@@ -316,10 +323,13 @@ class AsyncHttpClient:
         *,
         max_connections: int = 16,
         api_key: str | None = None,
+        ssl: "ssl_module.SSLContext | None" = None,
     ) -> None:
-        """``api_key``: sent as ``Authorization: Bearer <key>`` with every request."""
+        """``api_key``: sent as ``Authorization: Bearer <key>`` with every request. ``ssl``:
+        HTTPS with this context (``lumenrt.client.tls.client_context``)."""
         self.host = host
         self.port = port
+        self._ssl = ssl
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
         self.max_connections = max_connections
         self._idle: list[_Connection] = []
@@ -381,7 +391,9 @@ class AsyncHttpClient:
         return await self._request(method, path, body, headers)
 
     async def _open(self) -> _Connection:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEADER_BYTES)
+        reader, writer = await asyncio.open_connection(
+            self.host, self.port, limit=MAX_HEADER_BYTES, ssl=self._ssl
+        )
         return _Connection(reader, writer)
 
     async def get_json(self, path: str) -> Any:

@@ -22,6 +22,7 @@ poll before every receive (one more system call per answer).
 import asyncio
 import contextlib
 import socket
+import ssl as ssl_module
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -48,6 +49,7 @@ from lumenrt.protocols.tcp import (
 RECV_BYTES = 64 << 10
 IDLE_CHECK_S = 1.0  # after this long without traffic, check the server has not closed the socket
 PIPELINE_WINDOW = 128  # infer_many: requests in flight at once (below the server's 256 per connection)
+CLOSE_WAIT_S = 5.0  # AsyncTcpClient.close: the most it waits for the connection to close (guessed)
 MAX_META_BYTES = 1 << 20  # response metadata accepted from a server
 
 
@@ -122,6 +124,7 @@ class TcpClient:
         network_timeout_s: float | None = None,
         idle_check_s: float = IDLE_CHECK_S,
         api_key: str | None = None,
+        ssl: "ssl_module.SSLContext | None" = None,
     ) -> None:
         """``network_timeout_s``: how long a send or receive may block (None: no limit, fastest).
         A request's own deadline is ``infer(timeout_s=...)``, enforced by the server.
@@ -133,6 +136,7 @@ class TcpClient:
         self.network_timeout_s = network_timeout_s
         self.idle_check_s = idle_check_s
         self._api_key = api_key  # sent in an AUTH frame first on every connection
+        self._ssl = ssl  # TLS with this context (lumenrt.client.tls.client_context)
         self._sock: socket.socket | None = None
         self._decoder: FrameDecoder | None = None
         self._codec = _Codec()
@@ -151,6 +155,12 @@ class TcpClient:
             return
         sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._ssl is not None:
+            try:
+                sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
+            except BaseException:
+                sock.close()
+                raise
         sock.settimeout(self.network_timeout_s)
         self._sock = sock
         self._decoder = FrameDecoder(
@@ -190,12 +200,7 @@ class TcpClient:
         """The socket to send on: a new connection when the last one ended."""
         sock = self._sock
         if sock is not None and not self._pending and time.monotonic() - self._last_io >= self.idle_check_s:
-            try:  # idle a while: has the server closed it (idle timeout)?
-                closed = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-            except BlockingIOError:
-                closed = False
-            except OSError:
-                closed = True
+            closed = _closed_while_idle(sock)
             if closed:
                 self._drop(ConnectionError("closed by the server while idle"))
                 sock = None
@@ -337,6 +342,30 @@ class TcpClient:
             self._closing = self._codec.error(frame)
 
 
+def _closed_while_idle(sock: socket.socket) -> bool:
+    """Whether the server closed an idle connection (its idle timeout): one non-blocking peek, or
+    for TLS one non-blocking read (TLS cannot peek; an idle server sends nothing but session
+    tickets, which the read takes in; anything else means the stream is no longer usable)."""
+    if isinstance(sock, ssl_module.SSLSocket):
+        timeout = sock.gettimeout()
+        sock.setblocking(False)
+        try:
+            sock.recv(1)
+            return True  # b"": closed; a byte nobody asked for: the stream is out of step
+        except (ssl_module.SSLWantReadError, ssl_module.SSLWantWriteError, BlockingIOError):
+            return False
+        except OSError:
+            return True
+        finally:
+            sock.settimeout(timeout)
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 class _ClientProtocol(asyncio.Protocol):
     def __init__(self, client: "AsyncTcpClient") -> None:
         self.client = client
@@ -348,6 +377,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.lost: BaseException | None = None
+        self.closed = asyncio.Event()  # connection_lost ran: the socket is closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -376,6 +406,7 @@ class _ClientProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionError(f"connection lost: {exc or 'closed by the server'}"))
         self.can_write.set()
+        self.closed.set()
 
     def _fail(self, why: BaseException) -> None:
         if self.lost is None:
@@ -402,10 +433,14 @@ class AsyncTcpClient:
         *,
         connect_timeout_s: float = 10.0,
         api_key: str | None = None,
+        ssl: "ssl_module.SSLContext | None" = None,
     ) -> None:
+        """``api_key``: sent in an AUTH frame first on every connection; ``ssl``: TLS with this
+        context (``lumenrt.client.tls.client_context``)."""
         self.host = host
         self.port = port
         self.connect_timeout_s = connect_timeout_s
+        self._ssl = ssl
         self._api_key = api_key  # sent in an AUTH frame first on every connection
         self._protocol: _ClientProtocol | None = None
         self._codec = _Codec()
@@ -422,7 +457,13 @@ class AsyncTcpClient:
                 return
             loop = asyncio.get_running_loop()
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(self), self.host, self.port),
+                loop.create_connection(
+                    lambda: _ClientProtocol(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                ),
                 self.connect_timeout_s,
             )
             self._protocol = protocol
@@ -438,6 +479,10 @@ class AsyncTcpClient:
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.transport is not None:
             protocol.transport.close()
+            # TLS closes in a few loop turns (close_notify): wait, so that a loop closed right after
+            # does not leave the socket open
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(protocol.closed.wait(), CLOSE_WAIT_S)
 
     async def __aenter__(self) -> "AsyncTcpClient":
         await self.connect()

@@ -27,6 +27,7 @@ from lumenrt.engine.engine import Engine
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.rate_limit import RateLimiter, RateLimits
 from lumenrt.ingress.service import InferenceService, ServeLimits
+from lumenrt.ingress.tls import ServerTls, TlsFiles
 
 logger = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 2.0  # how often the key and certificate files are checked for changes (guessed)
@@ -54,6 +55,7 @@ class ServeOptions:
     metrics_port: int | None = None  # and on a port of their own (0: any free port; None: none)
     auth: Gate | None = None  # API keys and endpoint groups (ingress/auth.py); None: all open
     rate_limits: RateLimits | None = None  # per-client limits (ingress/rate_limit.py); None: none
+    tls: TlsFiles | None = None  # TLS on HTTP, gRPC and TCP (ingress/tls.py); None: clear text
 
 
 class ServerApp:
@@ -75,6 +77,8 @@ class ServerApp:
                 "--metrics-port serves the metrics without a key check: with API keys, use GET /metrics "
                 "on the HTTP port, or open the metrics group (--open-groups health metrics)"
             )
+        # raises TlsError (a ValueError) naming the flag and file
+        self.tls = ServerTls(self.options.tls) if self.options.tls is not None else None
         self.front_ends: dict[str, FrontEnd] = {}
         self._watch: asyncio.Task[None] | None = None
 
@@ -88,20 +92,23 @@ class ServerApp:
             if opts.http_port is not None:
                 from lumenrt.ingress.http_server import start_http
 
-                self.front_ends["http"] = await start_http(self.service, opts.host, opts.http_port)
+                ssl = self.tls.context if self.tls is not None else None
+                self.front_ends["http"] = await start_http(self.service, opts.host, opts.http_port, ssl)
             if opts.grpc_port is not None:
                 from lumenrt.ingress.grpc_server import start_grpc
 
-                self.front_ends["grpc"] = await start_grpc(self.service, opts.host, opts.grpc_port)
+                creds = self.tls.grpc_credentials() if self.tls is not None else None
+                self.front_ends["grpc"] = await start_grpc(self.service, opts.host, opts.grpc_port, creds)
             if opts.tcp_port is not None:
                 from lumenrt.ingress.tcp_server import start_tcp
 
-                self.front_ends["tcp"] = await start_tcp(self.service, opts.host, opts.tcp_port)
+                ssl = self.tls.context if self.tls is not None else None
+                self.front_ends["tcp"] = await start_tcp(self.service, opts.host, opts.tcp_port, ssl)
             if opts.metrics_port is not None and self.service.metrics is not None:
                 from lumenrt.observability.metrics import MetricsListener
 
                 self.front_ends["metrics"] = MetricsListener(
-                    self.service.metrics, opts.host, opts.metrics_port
+                    self.service.metrics, opts.host, opts.metrics_port, opts.tls
                 )
             if self._watched():
                 self._watch = asyncio.get_running_loop().create_task(self._watch_files())
@@ -118,7 +125,7 @@ class ServerApp:
         gate = self.service.gate
         if gate is not None and gate.source.path is not None and gate.reload():
             done.append("api keys")
-        tls = getattr(self, "tls", None)
+        tls = self.tls
         if tls is not None:
             try:
                 tls.reload()
@@ -129,7 +136,7 @@ class ServerApp:
 
     def _watched(self) -> bool:
         gate = self.service.gate
-        return (gate is not None and gate.source.path is not None) or getattr(self, "tls", None) is not None
+        return (gate is not None and gate.source.path is not None) or self.tls is not None
 
     async def _watch_files(self) -> None:
         """Reload what changed on disk, checked every WATCH_INTERVAL_S (a stat per file)."""
@@ -139,7 +146,7 @@ class ServerApp:
                 gate = self.service.gate
                 if gate is not None and gate.changed():
                     gate.reload()
-                tls = getattr(self, "tls", None)
+                tls = self.tls
                 if tls is not None and tls.changed():
                     tls.reload()
             except Exception as exc:  # a bad file keeps the old keys/certificates; keep watching

@@ -277,11 +277,16 @@ class Listener(Generic[C]):
         """A protocol instance for a new connection."""
         raise NotImplementedError
 
-    async def listen(self, host: str, port: int) -> None:
-        """Listen on ``host:port`` (0: any free port; see ``.port``) and start the sweeper."""
+    async def listen(self, host: str, port: int, ssl: Any = None) -> None:
+        """Listen on ``host:port`` (0: any free port; see ``.port``) and start the sweeper.
+        ``ssl``: an ``ssl.SSLContext`` for TLS (ingress/tls.py); a handshake must end within
+        ``receive_timeout_s`` (a connection exists for this module only once it has)."""
         loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if ssl is not None:
+            tls = {"ssl": ssl, "ssl_handshake_timeout": min(60.0, self.limits.receive_timeout_s)}
         self._server = await loop.create_server(
-            self._connection, host, port, reuse_address=True, backlog=1024
+            self._connection, host, port, reuse_address=True, backlog=1024, **tls
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._sweeper = loop.create_task(self._sweep_forever())

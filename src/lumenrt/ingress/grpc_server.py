@@ -362,8 +362,9 @@ class GrpcServer:
             await self._stopping
 
 
-async def start_grpc(service: InferenceService, host: str, port: int) -> GrpcServer:
-    """Serve ``service`` over gRPC on host:port (port 0: any free port) on the running loop."""
+async def start_grpc(service: InferenceService, host: str, port: int, credentials: Any = None) -> GrpcServer:
+    """Serve ``service`` over gRPC on host:port (port 0: any free port) on the running loop;
+    ``credentials``: grpc server credentials for TLS (``ServerTls.grpc_credentials()``)."""
     limit = service.limits.max_body_bytes
     server = grpc.aio.server(
         options=[
@@ -375,7 +376,10 @@ async def start_grpc(service: InferenceService, host: str, port: int) -> GrpcSer
     server.add_generic_rpc_handlers((generic_handler(service),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is not None:
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError as exc:
         raise OSError(f"gRPC: cannot listen on {address}: {exc}") from None
     await server.start()

@@ -101,9 +101,10 @@ class HttpServer(Listener["HttpConnection"]):
         return HttpConnection(self)
 
 
-async def start_http(service: InferenceService, host: str, port: int) -> HttpServer:
+async def start_http(service: InferenceService, host: str, port: int, ssl: Any = None) -> HttpServer:
+    """``ssl``: an ``ssl.SSLContext`` for HTTPS (ingress/tls.py)."""
     server = HttpServer(service)
-    await server.listen(host, port)
+    await server.listen(host, port, ssl)
     return server
 
 

@@ -171,6 +171,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--grace-s", type=float, default=d.grace_s, help="shutdown: time in-flight requests get to finish"
     )
+    tls = p.add_argument_group(
+        "TLS (README: Securing a deployment)",
+        "One certificate for HTTP, gRPC and TCP (and --metrics-port). SIGHUP, or a change to the files, loads "
+        "them again: new connections get the new certificate, open ones go on.",
+    )
+    tls.add_argument("--tls-cert", type=Path, metavar="FILE", help="PEM certificate chain (turns TLS on)")
+    tls.add_argument("--tls-key", type=Path, metavar="FILE", help="PEM private key of --tls-cert")
+    tls.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="PEM CA certificate(s): clients must present a certificate signed by one (mTLS)",
+    )
     from lumenrt.ingress.auth import DEFAULT_KEY_HEADER, DEFAULT_OPEN_GROUPS, GROUPS, KEYS_ENV
 
     auth = p.add_argument_group(
@@ -300,14 +313,22 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _security(args: argparse.Namespace) -> dict[str, Any]:
-    """The key gate and the rate limits the flags and the config file ask for (ServeOptions'
-    ``auth`` and ``rate_limits``); raises ConfigError / KeyFileError naming the flag or field."""
+    """ServeOptions' ``tls``, ``auth`` and ``rate_limits``, from the flags and the config file;
+    raises ConfigError / KeyFileError / TlsError (ValueErrors) naming the flag or field."""
     from lumenrt.engine.config import check_keys, read_config_file
     from lumenrt.engine.server_config import SECTIONS
     from lumenrt.ingress.auth import Gate, key_source
     from lumenrt.ingress.rate_limit import SECTION, Rate, RateLimits, parse_rate_limits
+    from lumenrt.ingress.tls import TlsFiles, server_context
 
-    out: dict[str, Any] = {"auth": None, "rate_limits": None}
+    out: dict[str, Any] = {"auth": None, "rate_limits": None, "tls": None}
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together: give both (or neither, for clear text)")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise ValueError("--tls-client-ca needs TLS: give --tls-cert and --tls-key too")
+    if args.tls_cert is not None:
+        out["tls"] = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+        server_context(out["tls"])  # raises TlsError naming the flag and file, before models load
     source = key_source(args.api_keys)
     open_groups = [] if "none" in args.open_groups else args.open_groups
     if source is not None:
@@ -425,6 +446,8 @@ async def _serve(
             print(f"lumenrt serve: cannot listen: {exc}", file=sys.stderr)
             return 2
         where = " ".join(f"{name}={args.host}:{port}" for name, port in app.ports.items())
+        if app.tls is not None:
+            where += " (TLS" + (", client certificates required)" if args.tls_client_ca else ")")
         print(f"lumenrt serve: listening {where}", flush=True)
         print(f"lumenrt serve: ready, models: {', '.join(engine.models())}", flush=True)
         await stop.wait()

@@ -458,8 +458,9 @@ class TcpFrontEnd(Listener[TcpConnection]):
         return checked
 
 
-async def start_tcp(service: InferenceService, host: str, port: int) -> TcpFrontEnd:
-    """Listen on ``host:port`` (0: any free port; see ``.port``)."""
+async def start_tcp(service: InferenceService, host: str, port: int, ssl: Any = None) -> TcpFrontEnd:
+    """Listen on ``host:port`` (0: any free port; see ``.port``); ``ssl``: an ``ssl.SSLContext``
+    for TLS (ingress/tls.py)."""
     front = TcpFrontEnd(service, asyncio.get_running_loop())
-    await front.listen(host, port)
+    await front.listen(host, port, ssl)
     return front

@@ -22,6 +22,7 @@ not yet in another, never a torn value.
 """
 
 import asyncio
+import ssl
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -309,10 +310,21 @@ class MetricsListener:
     prometheus_client's HTTP server in a daemon thread; a front end for ``ServerApp`` (it closes
     with the others)."""
 
-    def __init__(self, metrics: ServiceMetrics, host: str, port: int) -> None:
-        """Listening when constructed (``port`` 0: any free port; ``self.port`` says which)."""
+    def __init__(self, metrics: ServiceMetrics, host: str, port: int, tls: Any = None) -> None:
+        """Listening when constructed (``port`` 0: any free port; ``self.port`` says which).
+        ``tls``: the server's ``TlsFiles``: HTTPS with its certificate (loaded once: a reload
+        of the other front ends' certificates does not reach this port)."""
         self._server: Any
-        self._server, self._thread = start_http_server(port, host, metrics.registry)
+        files: dict[str, Any] = {}
+        if tls is not None:
+            files = {
+                "certfile": str(tls.cert),
+                "keyfile": str(tls.key),
+                "tls_min_version": ssl.TLSVersion.TLSv1_2,
+            }
+            if tls.client_ca is not None:
+                files.update(client_cafile=str(tls.client_ca), client_auth_required=True)
+        self._server, self._thread = start_http_server(port, host, metrics.registry, **files)
         self.port = int(self._server.server_port)
 
     async def stop_listening(self) -> None:
