@@ -68,6 +68,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "open_groups": (["health", "metrics"], ["health", "metrics"]),
     "api_key_header": ("admin-key", "admin-key"),
     "rate_limit": (50, 50.0),
+    "max_connections_per_client": (16, 16),
     "tls_cert": ("server.crt", "RELATIVE:server.crt"),
     "tls_key": ("server.key", "RELATIVE:server.key"),
     "tls_client_ca": ("ca.crt", "RELATIVE:ca.crt"),

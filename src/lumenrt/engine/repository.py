@@ -69,12 +69,30 @@ class LoadedModel:
 
 
 class ModelRepository:
-    __slots__ = ("root",)
+    """The repository folder. Names come from requests too (load, unload, infer), so a name is one
+    plain folder name, never a path, and everything loaded (the model folder, the version folder,
+    the model file, a Python model's code) must resolve inside the repository: a symlink that
+    leads out of it is refused (400) rather than followed."""
+
+    __slots__ = ("_real_root", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ModelNotFound(f"{self.root}: model repository folder does not exist", self.root)
+        self._real_root = self.root.resolve()
+
+    def _inside(self, path: Path) -> Path:
+        """``path`` if it resolves inside the repository; else a ConfigError (400) saying where to."""
+        real = path.resolve()
+        if not real.is_relative_to(self._real_root):
+            raise ConfigError(
+                path,
+                "",
+                f"resolves to {real}, outside the model repository {self._real_root}: "
+                "a model's folders and files must be inside it (a symlink out of it is refused)",
+            )
+        return path
 
     def names(self) -> list[str]:
         """Model folders, sorted (hidden folders are skipped)."""
@@ -113,7 +131,7 @@ class ModelRepository:
             raise ConfigError(
                 folder, "", f"several model configs ({', '.join(p.name for p in found)}): keep one"
             )
-        return load_model_config(found[0], default_name=name)
+        return load_model_config(self._inside(found[0]), default_name=name)
 
     def versions(self, name: str) -> tuple[int, ...]:
         """Version folders present for a model, ascending."""
@@ -127,19 +145,22 @@ class ModelRepository:
         backend = get_backend(config.backend, config.source)
         loaded = []
         for version in _select(config, _versions(folder), folder):
-            model_path = _model_file(backend, folder / str(version))
+            model_path = self._inside(_model_file(backend, self._inside(folder / str(version))))
             filled = _fill_tensors(config, backend, model_path)
             loaded.append(LoadedModel(config=filled, version=version, model_path=model_path))
         return loaded
 
     def _folder(self, name: str) -> Path:
         # a name comes from requests too: it must be one plain folder name, never a path
-        if not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name:
-            raise ModelNotFound(f"{self.root}: {name!r} is not a model name", self.root)
+        if not name or name.startswith(".") or any(c in name for c in "/\\\x00") or len(name) > 255:
+            raise ModelNotFound(
+                f"{self.root}: {name!r} is not a model name (one folder name: no '/', '\\', NUL or leading '.')",
+                self.root,
+            )
         folder = self.root / name
         if not folder.is_dir():
             raise ModelNotFound(f"{folder}: no such model in the repository {self.root}", folder)
-        return folder
+        return self._inside(folder)
 
 
 def _versions(folder: Path) -> tuple[int, ...]:

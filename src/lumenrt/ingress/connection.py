@@ -90,6 +90,8 @@ class Connection(asyncio.BaseProtocol):
         self._buffer_seen = 0  # write buffer size at the last sweep (or pause or close)
         self._partial_seen = -1  # ``_partial()`` when its receive clock started; -1: none
         self._partial_since = 0.0
+        self.peer_host = ""  # the client's address (connections per client; rate limits)
+        self._counted = False  # counted in the listener's per-client table
 
     # ---- hooks --------------------------------------------------------------------------------
 
@@ -123,11 +125,35 @@ class Connection(asyncio.BaseProtocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        limit = self.limits.max_connections_per_client
+        if limit:
+            counts = self._listener.per_client
+            open_now = counts.get(self.peer_host, 0)
+            if open_now >= limit:  # refused at once: never served, never swept
+                self.closing = True
+                self._refuse(f"too many connections from {self.peer_host}: the limit is {limit} per client")
+                self.transport.close()
+                return
+            counts[self.peer_host] = open_now + 1
+            self._counted = True
         self._listener.connections.add(self)
+
+    def _refuse(self, message: str) -> None:
+        """A connection over the per-client limit: what to write before it is closed (hook)."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self._listener.connections.discard(self)
+        if self._counted:  # the table holds only addresses with open connections
+            self._counted = False
+            counts = self._listener.per_client
+            left = counts.get(self.peer_host, 1) - 1
+            if left > 0:
+                counts[self.peer_host] = left
+            else:
+                counts.pop(self.peer_host, None)
 
     def pause_writing(self) -> None:
         """The write buffer is over its high-water mark: read nothing more until it drains."""
@@ -268,6 +294,7 @@ class Listener(Generic[C]):
         self.limits = limits
         self.port = 0
         self.connections: set[C] = set()
+        self.per_client: dict[str, int] = {}  # address -> open connections (only those with some)
         self.sweep_interval_s = sweep_interval_s(limits)
         self.clock: Callable[[], float] = time.monotonic  # tests drive a fake one
         self._server: asyncio.AbstractServer | None = None

@@ -42,6 +42,7 @@ from lumenrt.engine.request import Array
 from lumenrt.ingress.errors import GRPC_CODES, as_server_error
 from lumenrt.ingress.service import InferenceService, WireInput
 from lumenrt.protocols import dtypes
+from lumenrt.protocols.bounds import check_tensor_count
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.parameters import (
     grpc_values,
@@ -129,6 +130,7 @@ def _decode_inputs(request: Any, max_elements: int, model: str) -> list[WireInpu
     inputs = request.inputs
     if not inputs:
         raise bad_request(f"model {model!r}: the request has no inputs")
+    check_tensor_count(len(inputs), f"model {model!r}: inputs")
     if raw and len(raw) != len(inputs):
         raise bad_request(
             f"model {model!r}: raw_input_contents has {len(raw)} entries but the request has "
@@ -155,6 +157,7 @@ def _decode_inputs(request: Any, max_elements: int, model: str) -> list[WireInpu
 def _requested_outputs(request: Any, model: str) -> list[str] | None:
     if not request.outputs:
         return None
+    check_tensor_count(len(request.outputs), f"model {model!r}: outputs")
     names: list[str] = []
     for i, out in enumerate(request.outputs):
         if out.parameters:  # binary_data is HTTP's: checked, and without effect (gRPC answers raw)

@@ -50,6 +50,7 @@ from lumenrt.ingress.connection import Connection, Listener
 from lumenrt.ingress.errors import REASONS, as_server_error, not_found
 from lumenrt.ingress.service import InferenceService, InferOutcome
 from lumenrt.ingress.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
+from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
 from lumenrt.protocols.parameters import check_bool, refuse_load_parameters
@@ -124,6 +125,8 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
         self._header_bytes = 0
+        self._header_count = 0
+        self._chunks = 0  # of a chunked body
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._headers_done = False  # header fields from here on are trailers (dropped)
@@ -131,7 +134,6 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._decoder: ContentDecoder | None = None
         self._body_error: ServerError | None = None
         self._continue_owed = False  # Expect: 100-continue waits for the answers owed before it
-        self._peer_host: str | None = None  # the client's address, once asked for (``_peer``)
         self._begun = 0  # messages begun ...
         self._finished = 0  # ... and received whole: one in progress while they differ
 
@@ -197,12 +199,22 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._queue.clear()
         super().abort()
 
+    def _refuse(self, message: str) -> None:
+        if self.transport is not None:
+            body = json.dumps({"error": message}).encode()
+            self.transport.write(
+                b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
+
     # ---- httptools callbacks ------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = {}
         self._header_bytes = 0
+        self._header_count = 0
+        self._chunks = 0
         self._body = []
         self._body_bytes = 0
         self._headers_done = False
@@ -220,6 +232,9 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > self.limits.max_header_bytes:
             raise ServerError(431, f"request line and headers over {self.limits.max_header_bytes} bytes")
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            raise ServerError(431, f"more than {self.limits.max_headers} header fields")
         if self._headers_done:
             return  # a trailer field (after a chunked body): counted above, never merged
         key = name.lower()
@@ -227,6 +242,12 @@ class HttpConnection(Connection, asyncio.Protocol):
         # a repeated field is one comma-separated list (RFC 9110 §5.3), so that a second
         # Transfer-Encoding or Content-Encoding line cannot slip past the checks
         self._headers[key] = value if seen is None else seen + b", " + value
+
+    def on_chunk_header(self) -> None:
+        """A chunk of a chunked body begins: their number is bounded (each costs a callback)."""
+        self._chunks += 1
+        if self._chunks > self.limits.max_chunks:
+            raise ServerError(413, f"chunked body of more than {self.limits.max_chunks} chunks")
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
@@ -276,21 +297,13 @@ class HttpConnection(Connection, asyncio.Protocol):
             time.monotonic_ns(),
             self._http_10,
             self._body_error,
-            self._peer() if self.service.limiter is not None else "",
+            self.peer_host if self.service.limiter is not None else "",
         )
         self._queue.append(req)
         if len(self._queue) >= MAX_PIPELINED and not self.load_paused:
             self._pause_for_load()
         if not self._busy:
             self._next()
-
-    def _peer(self) -> str:
-        """The client's address (the rate limits' key when it sends no API key)."""
-        peer = self._peer_host
-        if peer is None:
-            name = self.transport.get_extra_info("peername") if self.transport is not None else None
-            peer = self._peer_host = str(name[0]) if isinstance(name, tuple) and name else "unknown"
-        return peer
 
     # ---- handling -----------------------------------------------------------------------------
 
@@ -528,6 +541,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
     """An optional JSON object body (empty: {})."""
     if not body:
         return {}
+    check_json_depth(body, DEFAULT_MAX_JSON_DEPTH)
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:

@@ -171,6 +171,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--grace-s", type=float, default=d.grace_s, help="shutdown: time in-flight requests get to finish"
     )
+    lim.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=d.max_connections_per_client,
+        metavar="N",
+        help=f"open connections from one address, per front end (default {d.max_connections_per_client}; "
+        "0 = no limit); past it a new connection gets 429 and is closed",
+    )
     tls = p.add_argument_group(
         "TLS (README: Securing a deployment)",
         "One certificate for HTTP, gRPC and TCP (and --metrics-port). SIGHUP, or a change to the files, loads "
@@ -282,6 +290,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             receive_timeout_s=args.receive_timeout_s,
             idle_timeout_s=args.idle_timeout_s,
             grace_s=args.grace_s,
+            max_connections_per_client=args.max_connections_per_client,
         )
     except (ConfigError, OSError) as exc:
         print(f"lumenrt serve: {exc}", file=sys.stderr)
@@ -322,6 +331,10 @@ def _security(args: argparse.Namespace) -> dict[str, Any]:
     from lumenrt.ingress.tls import TlsFiles, server_context
 
     out: dict[str, Any] = {"auth": None, "rate_limits": None, "tls": None}
+    if args.max_connections_per_client < 0:
+        raise ValueError(
+            f"--max-connections-per-client must be >= 0 (0: no limit), got {args.max_connections_per_client}"
+        )
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together: give both (or neither, for clear text)")
     if args.tls_client_ca is not None and args.tls_cert is None:

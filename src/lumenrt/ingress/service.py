@@ -61,6 +61,9 @@ class ServeLimits:
     receive_timeout_s: float = 30.0  # a started request must arrive whole within this
     idle_timeout_s: float = 300.0  # an idle keep-alive connection is closed after this
     grace_s: float = 10.0  # shutdown: how long in-flight requests may take to finish
+    max_headers: int = 100  # HTTP header fields in one request (431 past it)
+    max_chunks: int = 4096  # chunks of one chunked HTTP body (413 past it)
+    max_connections_per_client: int = 512  # open connections from one address (0: no limit)
 
 
 @dataclass(slots=True)

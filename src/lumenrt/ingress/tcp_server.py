@@ -154,7 +154,6 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         self.key: ApiKey | None = None
         self.key_generation = 0  # the gate's generation when ``key`` was found (a reload re-finds it)
         self.presented = False  # an AUTH frame came (a key not found or removed answers 401)
-        self._peer_host: str | None = None
 
     # ---- asyncio.BufferedProtocol ----------------------------------------------------------
 
@@ -313,13 +312,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
 
     def _client(self) -> str:
         """Who sends, for the rate limits: the key's name, else the peer's address."""
-        if self.key is not None:
-            return self.key.name
-        peer = self._peer_host
-        if peer is None:
-            name = self.transport.get_extra_info("peername") if self.transport is not None else None
-            peer = self._peer_host = str(name[0]) if isinstance(name, tuple) and name else "unknown"
-        return peer
+        return self.key.name if self.key is not None else self.peer_host
 
     def _answered(self, request: _Request, answer: bytes | list[Any]) -> None:
         """The engine answered a queued request (``_Request``): write it, resume reading."""
@@ -383,6 +376,10 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
 
     def _serving(self) -> bool:
         return self.in_flight > 0
+
+    def _refuse(self, message: str) -> None:
+        if self.transport is not None:
+            self.transport.write(encode_error(0, 429, message, closing=True))
 
     def _partial(self) -> int:
         return self.decoder.frames if self.decoder.buffered_bytes else -1

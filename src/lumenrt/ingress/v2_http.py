@@ -25,12 +25,11 @@ from typing import Any
 from lumenrt.engine.config import ModelConfig
 from lumenrt.ingress.service import InferOutcome, WireInput
 from lumenrt.protocols import dtypes
+from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth, check_tensor_count
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.parameters import input_parameters, output_parameters, request_parameters
 from lumenrt.protocols.raw import TensorSlot, from_raw, payload_slots, split_payload, to_raw
 from lumenrt.protocols.tensors import check_datatype, check_shape, from_json, to_json_data
-
-MAX_INPUTS = 1024  # tensors in one request (guessed ample; bounds the per-input work)
 
 
 @dataclass(slots=True)
@@ -147,8 +146,10 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
         raise bad_request(
             f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes"
         )
+    header = view[:header_length].tobytes() if header_length != len(body) else body
+    check_json_depth(header, DEFAULT_MAX_JSON_DEPTH)
     try:
-        doc = json.loads(view[:header_length].tobytes() if header_length != len(body) else body)
+        doc = json.loads(header)
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     doc = _obj(doc, "request")
@@ -167,8 +168,7 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise bad_request("inputs must be a non-empty list of tensors")
-    if len(inputs) > MAX_INPUTS:
-        raise bad_request(f"inputs has {len(inputs)} tensors, over the limit of {MAX_INPUTS}")
+    check_tensor_count(len(inputs), "inputs")
     at = header_length
     for i, raw in enumerate(inputs):
         where = f"inputs[{i}]"
@@ -203,6 +203,7 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
     if outputs is not None:
         if not isinstance(outputs, list):
             raise bad_request("outputs must be a list")
+        check_tensor_count(len(outputs), "outputs")
         for i, raw in enumerate(outputs):
             entry = _obj(raw, f"outputs[{i}]")
             name = entry.get("name")
