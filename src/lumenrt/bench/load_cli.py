@@ -13,6 +13,7 @@ request) into ``--out``; docs/bench-results.md describes both.
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import Any
 from lumenrt.bench.load_inputs import inputs_from_file, inputs_from_metadata, payload_bytes
 from lumenrt.bench.load_run import LoadPlan, Records, Window, run_load
 from lumenrt.bench.load_stats import summarize, write_csv
-from lumenrt.bench.load_targets import fetch_model_info, parse_target
+from lumenrt.bench.load_targets import Credentials, MetadataRefused, fetch_model_info, parse_target
 from lumenrt.bench.results import git_commit, machine_info, new_result_path, write_json
 
 _PROGRESS_EVERY_S = 0.25
@@ -55,8 +56,8 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any, 
     metadata = config = None
     if base is not None:
         try:
-            metadata, config = fetch_model_info(base, args.model, args.model_version)
-        except ConnectionError:
+            metadata, config = fetch_model_info(base, args.model, args.model_version, credentials(args))
+        except (ConnectionError, MetadataRefused):
             if not args.input_file:
                 raise
     if args.input_file:
@@ -246,7 +247,22 @@ def plan_from_args(args: argparse.Namespace, inputs: Mapping[str, Any]) -> LoadP
         stages=not args.no_stages,
         processes=args.processes,
         seed=args.seed,
+        credentials=credentials(args),
     )
+
+
+def credentials(args: argparse.Namespace) -> Credentials:
+    """The API key (from the environment variable --api-key-env names) and TLS files."""
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise ValueError(
+                f"--api-key-env {args.api_key_env}: that environment variable is not set or empty"
+            )
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together: give both")
+    return Credentials(key, args.tls_ca, args.tls_cert, args.tls_key)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -256,6 +272,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tcp://H:P, http://H:P (V2 binary), http-json://H:P, http-raw://H:P/PATH (raw body), grpc://H:P",
     )
     p.add_argument("--model", required=True, help="model name")
+    sec = p.add_argument_group("a secured server (README: Securing a deployment)")
+    sec.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="send the API key held by this environment variable (the key never goes on the command line)",
+    )
+    sec.add_argument(
+        "--tls-ca", metavar="FILE", help="TLS: the CA file that the server's certificate chains to"
+    )
+    sec.add_argument("--tls-cert", metavar="FILE", help="mTLS: this client's certificate (PEM)")
+    sec.add_argument("--tls-key", metavar="FILE", help="mTLS: its private key (PEM)")
     p.add_argument("--model-version", default=None, help="model version (default: the server's choice)")
     load = p.add_mutually_exclusive_group()
     load.add_argument(

@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from lumenrt.bench.load_targets import Target, error_kind, make_target, parse_target
+from lumenrt.bench.load_targets import (
+    NO_CREDENTIALS,
+    Credentials,
+    Target,
+    error_kind,
+    make_target,
+    parse_target,
+)
 
 NO_VALUE = -1  # a stage time or batch size the server did not report
 _START_DELAY_NS = 50_000_000  # from "everyone is connected" to the first send: lets children settle
@@ -58,6 +65,7 @@ class LoadPlan:
     processes: int = 1
     process: int = 0
     seed: int = 1
+    credentials: Credentials = NO_CREDENTIALS  # an API key and TLS (load_targets.py)
 
     def __post_init__(self) -> None:
         if self.mode not in ("closed", "open"):
@@ -254,7 +262,9 @@ class _Run:
 
 async def _run_async(plan: LoadPlan, progress: Any, ready: Any) -> Records:
     url = parse_target(plan.target)
-    target = make_target(url, plan.model, plan.version, plan.inputs, plan.stages, plan.timeout_s)
+    target = make_target(
+        url, plan.model, plan.version, plan.inputs, plan.stages, plan.timeout_s, plan.credentials
+    )
     connections = plan.connections or (plan.concurrency if plan.mode == "closed" else 16)
     await target.open(connections)
     try:

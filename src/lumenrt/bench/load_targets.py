@@ -9,6 +9,9 @@ A target URL names the protocol:
     http-raw://HOST:PORT/PATH   POST the single input's raw bytes to PATH; any 200 is an answer
     grpc://HOST:PORT            KServe V2 gRPC (request serialized once)
 
+``Credentials`` add an API key (TCP AUTH frame, HTTP ``Authorization: Bearer``, gRPC metadata) and
+TLS (every target; the server's certificate checked against ``tls_ca``).
+
 ``open(n)`` makes ``n`` connections (gRPC: one channel, HTTP/2 multiplexes); ``infer(i)`` sends the
 prepared request on connection ``i % n`` and returns the server's stage times (ns; empty when it
 sent none). A failed request raises; :func:`error_kind` names the failure for the error counts.
@@ -20,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
@@ -34,6 +38,33 @@ PROTOCOLS = ("tcp", "http", "http-json", "http-raw", "grpc")
 _METADATA_TIMEOUT_S = 10.0  # guessed: ample for one loopback GET
 _GRPC_SERVICE = "/inference.GRPCInferenceService/"  # Triton's wire name (lumenrt.ingress.grpc_server)
 _TIMING_PREFIX = "lumenrt_"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a secured server asks of the load generator (README: Securing a deployment)."""
+
+    api_key: str | None = None
+    tls_ca: str | None = None  # TLS: the CA file the server's certificate must chain to
+    tls_cert: str | None = None  # mTLS: this client's certificate and key
+    tls_key: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_ca is not None or self.tls_cert is not None
+
+    def ssl_context(self) -> Any:
+        if not self.tls:
+            return None
+        from lumenrt.client.tls import client_context
+
+        return client_context(self.tls_ca, self.tls_cert, self.tls_key)
+
+    def grpc_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key is not None else None
+
+
+NO_CREDENTIALS = Credentials()
 
 
 @dataclass(frozen=True)
@@ -108,14 +139,17 @@ class TcpTarget:
         inputs: Mapping[str, Any],
         stages: bool,
         timeout_s: float | None,
+        credentials: Credentials = NO_CREDENTIALS,
     ) -> None:
         self.url, self.model, self.version, self.inputs = url, model, version, dict(inputs)
         self.stages, self.timeout_s = stages, timeout_s
+        self.credentials = credentials
         self._clients: list[AsyncTcpClient] = []
 
     async def open(self, connections: int) -> None:
+        ctx = self.credentials.ssl_context()
         for _ in range(connections):
-            client = AsyncTcpClient(self.url.host, self.url.port)
+            client = AsyncTcpClient(self.url.host, self.url.port, api_key=self.credentials.api_key, ssl=ctx)
             await client.connect()
             self._clients.append(client)
 
@@ -136,11 +170,14 @@ class _HttpConnections:
     """One single-connection keep-alive client per load slot (HTTP/1.1: one request at a time each)."""
 
     url: TargetUrl
+    credentials: Credentials = NO_CREDENTIALS
     _clients: list[AsyncHttpClient]
 
     async def open(self, connections: int) -> None:
+        ctx, key = self.credentials.ssl_context(), self.credentials.api_key
         self._clients = [
-            AsyncHttpClient(self.url.host, self.url.port, max_connections=1) for _ in range(connections)
+            AsyncHttpClient(self.url.host, self.url.port, max_connections=1, api_key=key, ssl=ctx)
+            for _ in range(connections)
         ]
 
     async def close(self) -> None:
@@ -161,9 +198,11 @@ class HttpTarget(_HttpConnections):
         stages: bool,
         timeout_s: float | None,
         binary: bool,
+        credentials: Credentials = NO_CREDENTIALS,
     ) -> None:
         self.protocol = "http" if binary else "http-json"
         self.url = url
+        self.credentials = credentials
         self.request = encode_infer(model, inputs, None, version, timeout_s, stages, binary, "1")
         self._clients = []
 
@@ -179,11 +218,14 @@ class RawHttpTarget(_HttpConnections):
 
     protocol = "http-raw"
 
-    def __init__(self, url: TargetUrl, inputs: Mapping[str, Any]) -> None:
+    def __init__(
+        self, url: TargetUrl, inputs: Mapping[str, Any], credentials: Credentials = NO_CREDENTIALS
+    ) -> None:
         if len(inputs) != 1:
             raise ValueError(f"an http-raw target takes exactly one input; got {sorted(inputs)}")
         (array,) = inputs.values()
         self.url = url
+        self.credentials = credentials
         self.body = np.ascontiguousarray(array).tobytes()
         self.headers = {"Content-Type": "application/octet-stream"}
         self._clients = []
@@ -207,10 +249,13 @@ class GrpcTarget:
         inputs: Mapping[str, Any],
         stages: bool,
         timeout_s: float | None,
+        credentials: Credentials = NO_CREDENTIALS,
     ) -> None:
         from lumenrt.protocols.proto import grpc_service_pb2 as pb  # generated at build time
 
         self.url = url
+        self.credentials = credentials
+        self._metadata = credentials.grpc_metadata()
         self.timeout_s = timeout_s
         self._pb = pb
         request = pb.ModelInferRequest(model_name=model, model_version=version or "")
@@ -227,7 +272,15 @@ class GrpcTarget:
     async def open(self, connections: int) -> None:
         import grpc
 
-        self._channel = grpc.aio.insecure_channel(f"{self.url.host}:{self.url.port}")
+        where = f"{self.url.host}:{self.url.port}"
+        creds = self.credentials
+        if creds.tls:
+            channel_creds = grpc.ssl_channel_credentials(
+                _read(creds.tls_ca), _read(creds.tls_key), _read(creds.tls_cert)
+            )
+            self._channel = grpc.aio.secure_channel(where, channel_creds)
+        else:
+            self._channel = grpc.aio.insecure_channel(where)
         self._call = self._channel.unary_unary(
             _GRPC_SERVICE + "ModelInfer",
             request_serializer=None,  # the request is already bytes
@@ -235,13 +288,17 @@ class GrpcTarget:
         )
 
     async def infer(self, index: int) -> dict[str, int]:
-        response = await self._call(self.request_bytes, timeout=self.timeout_s)
+        response = await self._call(self.request_bytes, timeout=self.timeout_s, metadata=self._metadata)
         return _timing({k: v.int64_param for k, v in response.parameters.items()})
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
 
 
 def _datatype(array: npt.NDArray[Any]) -> str:
@@ -263,39 +320,58 @@ def make_target(
     inputs: Mapping[str, Any],
     stages: bool,
     timeout_s: float | None,
+    credentials: Credentials = NO_CREDENTIALS,
 ) -> Target:
+    c = credentials
     if url.protocol == "tcp":
-        return TcpTarget(url, model, version, inputs, stages, timeout_s)
+        return TcpTarget(url, model, version, inputs, stages, timeout_s, c)
     if url.protocol in ("http", "http-json"):
-        return HttpTarget(url, model, version, inputs, stages, timeout_s, binary=url.protocol == "http")
+        return HttpTarget(url, model, version, inputs, stages, timeout_s, url.protocol == "http", c)
     if url.protocol == "http-raw":
-        return RawHttpTarget(url, inputs)
-    return GrpcTarget(url, model, version, inputs, stages, timeout_s)
+        return RawHttpTarget(url, inputs, c)
+    return GrpcTarget(url, model, version, inputs, stages, timeout_s, c)
 
 
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=_METADATA_TIMEOUT_S) as response:
+class MetadataRefused(ValueError):
+    """The server wants a key for its model metadata (401/403)."""
+
+
+def _get_json(url: str, credentials: Credentials = NO_CREDENTIALS) -> Any:
+    headers = {"Authorization": f"Bearer {credentials.api_key}"} if credentials.api_key else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(
+        request, timeout=_METADATA_TIMEOUT_S, context=credentials.ssl_context()
+    ) as response:
         return json.loads(response.read())
 
 
-def fetch_model_info(http_base: str, model: str, version: str | None) -> tuple[Any, Any]:
-    """The model's KServe V2 metadata and (Triton-style) config from ``http_base`` (``host:port``);
-    each None when the server has no such endpoint. Raises ConnectionError when nothing answers."""
-    path = f"http://{http_base}/v2/models/{quote(model, safe='')}"
+def fetch_model_info(
+    http_base: str, model: str, version: str | None, credentials: Credentials = NO_CREDENTIALS
+) -> tuple[Any, Any]:
+    """The model's KServe V2 metadata and (Triton-style) config from ``http_base`` (``host:port``;
+    over HTTPS and with the key when ``credentials`` say); each None when the server has no such
+    endpoint. Raises ConnectionError when nothing answers."""
+    scheme = "https" if credentials.tls else "http"
+    path = f"{scheme}://{http_base}/v2/models/{quote(model, safe='')}"
     if version:
         path += f"/versions/{quote(version, safe='')}"
     try:
-        metadata = _get_json(path)
+        metadata = _get_json(path, credentials)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise ValueError(
                 f"--model {model!r}: the server at {http_base} does not know it ({exc.code})"
             ) from exc
+        if exc.code in (401, 403):
+            raise MetadataRefused(
+                f"the server at {http_base} refused the model metadata ({exc.code}): give a key that may "
+                "use the metadata group (--api-key-env VAR), or --input-file"
+            ) from exc
         metadata = None
     except (OSError, ValueError) as exc:
         raise ConnectionError(f"no KServe V2 HTTP server answers at {http_base}: {exc}") from exc
     try:
-        config = _get_json(path + "/config")
+        config = _get_json(path + "/config", credentials)
     except (OSError, ValueError):
         config = None
     return metadata, config
