@@ -16,7 +16,7 @@ BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.
 E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
             'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
 
-.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python bench bench-serve bench-matrix bench-peers bench-latency bench-security dashboard report triton-peer clean
+.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python test-unit test-servers bench bench-serve bench-matrix bench-peers bench-latency bench-security dashboard report triton-peer clean
 
 all: install
 
@@ -25,10 +25,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install -q $(BUILD_DEPS)
-	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch,dashboard,trace]'
-	$(BIN)/pip install -q --no-deps tritonclient==2.51.0
-	$(BIN)/pip install -q $(E2E_DEPS)
+	$(BIN)/pip install -q --no-compile $(BUILD_DEPS)
+	$(BIN)/pip install -q --no-compile --no-build-isolation -e '.[test,dev,bench,torch,dashboard,trace]'
+	$(BIN)/pip install -q --no-compile --no-deps tritonclient==2.51.0
+	$(BIN)/pip install -q --no-compile $(E2E_DEPS)
 	@ldconfig -p | grep -q libb64.so.0d || (apt-get install -y -q libb64-0d >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libb64-0d >/dev/null 2>&1)) || \
 	  echo "note: could not install Debian's libb64-0d: the perf_analyzer e2e tests will be skipped"
@@ -47,7 +47,12 @@ serve: install
 demo: install
 	$(BIN)/lumenrt demo
 
-test: install test-native test-sanitize lint typecheck test-python
+# The checks that need no servers (C tests, ruff, mypy, the unit tests) run two at a time, one per
+# core; then the integration and e2e tests run alone, since they start servers and measure nothing
+# that a neighbour should slow down.
+test: install
+	$(MAKE) -j2 --output-sync=target test-native test-sanitize lint typecheck test-unit
+	$(MAKE) test-servers
 
 check: test
 
@@ -73,6 +78,12 @@ typecheck:
 
 test-python:
 	$(BIN)/pytest tests
+
+test-unit:
+	$(BIN)/pytest tests/unit
+
+test-servers:
+	$(BIN)/pytest tests --ignore=tests/unit
 
 # the queue benchmark: native rings vs queue.Queue, multiprocessing.Queue, faster-fifo, pyzmq (~80 s)
 bench: install

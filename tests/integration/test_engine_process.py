@@ -44,9 +44,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(params=["mpmc", "naive"])
-def engine(request: pytest.FixtureRequest, repo: Path) -> Iterator[Engine]:
-    eng = Engine(repo, EngineConfig(worker_mode="process", thread_count=2, queue_type=request.param))
+def _engine(repo: Path, queue_type: str) -> Iterator[Engine]:
+    eng = Engine(repo, EngineConfig(worker_mode="process", thread_count=2, queue_type=queue_type))
     mine = f"{SHM_PREFIX}{os.getpid()}."
     try:
         assert not leftover_segments(mine), "process mode must share unnamed memory, not /dev/shm"
@@ -55,6 +54,19 @@ def engine(request: pytest.FixtureRequest, repo: Path) -> Iterator[Engine]:
         yield eng
     finally:
         eng.close()
+
+
+@pytest.fixture(scope="module", params=["mpmc", "naive"])
+def engine(request: pytest.FixtureRequest, repo: Path) -> Iterator[Engine]:
+    """One engine per queue type for the tests that leave it as they found it (starting worker
+    processes is the slow part)."""
+    yield from _engine(repo, request.param)
+
+
+@pytest.fixture(params=["mpmc", "naive"])
+def own_engine(request: pytest.FixtureRequest, repo: Path) -> Iterator[Engine]:
+    """An engine of the test's own: its worker is killed and replaced (a new child process)."""
+    yield from _engine(repo, request.param)
 
 
 def test_outputs_equal_thread_mode_and_batches_form(engine: Engine, repo: Path) -> None:
@@ -86,7 +98,8 @@ def test_bad_input_refused_before_the_worker(engine: Engine) -> None:
         engine.infer("add", {"x": np.zeros((1, 3), np.float32)})
 
 
-def test_killed_worker_fails_its_requests_is_replaced_and_ready_again(engine: Engine) -> None:
+def test_killed_worker_fails_its_requests_is_replaced_and_ready_again(own_engine: Engine) -> None:
+    engine = own_engine
     rt = engine.runtime("sleepy")
     pids = rt.statistics()["pids"]
     outcomes: list[object] = []

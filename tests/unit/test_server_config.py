@@ -109,7 +109,7 @@ def test_to_dict_records_resolved_values() -> None:
 
 
 BROKEN = [
-    ('{"engin": {}}', "engin", "unknown key (valid: engine, server)"),
+    ('{"engin": {}}', "engin", "unknown key (valid: engine, rate_limits, server)"),
     ('{"engine": {"queue": "mpmc"}}', "engine.queue", "did you mean 'queue_type'"),
     ('{"engine": []}', "engine", "must be a mapping"),
     (
