@@ -25,10 +25,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install -q --no-compile $(BUILD_DEPS)
-	$(BIN)/pip install -q --no-compile --no-build-isolation -e '.[test,dev,bench,torch,dashboard,trace]'
-	$(BIN)/pip install -q --no-compile --no-deps tritonclient==2.51.0
-	$(BIN)/pip install -q --no-compile $(E2E_DEPS)
+	$(BIN)/pip install -q $(BUILD_DEPS)
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch,dashboard,trace]'
+	$(BIN)/pip install -q --no-deps tritonclient==2.51.0
+	$(BIN)/pip install -q $(E2E_DEPS)
 	@ldconfig -p | grep -q libb64.so.0d || (apt-get install -y -q libb64-0d >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libb64-0d >/dev/null 2>&1)) || \
 	  echo "note: could not install Debian's libb64-0d: the perf_analyzer e2e tests will be skipped"
@@ -58,15 +58,15 @@ check: test
 
 test-native:
 	cmake -S native -B build/native -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-	cmake --build build/native
+	env -u MAKEFLAGS cmake --build build/native  # ninja runs its own jobs (no make jobserver)
 	ctest --test-dir build/native --output-on-failure
 
 test-sanitize:
 	cmake -S native -B build/asan -G Ninja -DLRT_SANITIZE=address,undefined >/dev/null
-	cmake --build build/asan
+	env -u MAKEFLAGS cmake --build build/asan
 	ctest --test-dir build/asan --output-on-failure
 	cmake -S native -B build/tsan -G Ninja -DLRT_SANITIZE=thread >/dev/null
-	cmake --build build/tsan
+	env -u MAKEFLAGS cmake --build build/tsan
 	ctest --test-dir build/tsan --output-on-failure
 
 lint:

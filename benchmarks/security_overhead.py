@@ -17,8 +17,11 @@ configurations in interleaved rounds; each figure is the median over the rounds:
 | digits_mlp/tcp c4 | plain, auth | the key check per request (the issue's bar: <= 2% throughput) |
 | digits_mlp/http c4 | plain, auth | the same over HTTP (a header and a SHA-256 per request) |
 
-Ratios are configuration / plain from the same run. Writes ``security-overhead-<stamp>.json``
-with the machine, the commit and every round.
+Ratios are configuration / plain from the same run. Each run also records the CPU time per
+request of the server process (``/proc/<pid>/stat``) and of the load generator (``getrusage`` of
+the child), over the whole run, warm-up included: on a machine where both share the cores, TLS
+costs on both sides, and these say how much of a throughput ratio is the server's own cost.
+Writes ``security-overhead-<stamp>.json`` with the machine, the commit and every round.
 """
 
 import argparse
@@ -40,6 +43,7 @@ from lumenrt.bench.serve_process import ServeProcess, start_serve
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WARMUP_S = 1.0
+KEYS = ("throughput_per_s", "p50_us", "p99_us", "server_cpu_us", "client_cpu_us")
 KEY_ENV = "LUMENRT_BENCH_KEY"  # the load generator reads the key from here (--api-key-env)
 # (model, protocol, concurrency, the configuration compared with plain)
 ROWS = (
@@ -81,18 +85,39 @@ def load(
     cmd = [sys.executable, "-m", "lumenrt.cli", "bench", "load", "--target", target, "--model", model,
            "--metadata-url", server.http_url, "--concurrency", str(concurrency), "--duration-s", str(seconds),
            "--warmup-s", str(WARMUP_S), "--no-stages", "--quiet", "--json", "--out", str(out), *extra]  # fmt: skip
+    server_before = cpu_s(server.proc.pid)
+    client_before = children_cpu_s()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    client_s = children_cpu_s() - client_before
+    server_s = cpu_s(server.proc.pid) - server_before
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     summary = json.loads(done.stdout[done.stdout.find("{") :])
     if summary["counts"]["errors"]:
         raise RuntimeError(f"{' '.join(cmd)}: {summary['counts']['errors_by_kind']}")
     lat = summary["latency_us"]
+    throughput = float(summary["throughput_per_s"])
+    requests = throughput * (seconds + WARMUP_S)  # the warm-up ran at about the same rate
     return {
-        "throughput_per_s": float(summary["throughput_per_s"]),
+        "throughput_per_s": throughput,
         "p50_us": float(lat["p50"]),
         "p99_us": float(lat["p99"]),
+        "server_cpu_us": server_s / requests * 1e6,
+        "client_cpu_us": client_s / requests * 1e6,
     }
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 @contextlib.contextmanager
@@ -149,18 +174,19 @@ def main(argv: list[str] | None = None) -> int:
                         runs.setdefault(row, {}).setdefault(name, []).append(got)
                         print(
                             f"round {r + 1}/{args.rounds} {row:<22} {name:<6} {got['throughput_per_s']:9.1f}/s  "
-                            f"p50 {got['p50_us']:8.1f} us  p99 {got['p99_us']:8.1f} us",
+                            f"p50 {got['p50_us']:8.1f} us  p99 {got['p99_us']:8.1f} us  cpu/request: "
+                            f"server {got['server_cpu_us']:.1f} us, load generator {got['client_cpu_us']:.1f} us",
                             flush=True,
                         )
 
     results: dict[str, Any] = {}
     print(
-        f"\n{'row':<22} {'config':<6} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'tput x':>7} {'p50 x':>7} {'p99 x':>7}"
+        f"\n{'row':<22} {'config':<6} {'req/s':>9} {'p50 us':>9} {'p99 us':>9} {'tput x':>7} {'p50 x':>7} "
+        f"{'p99 x':>7} {'srv cpu us':>10} {'cli cpu us':>10}"
     )
     for row, by_config in runs.items():
         medians = {
-            name: {k: float(np.median([g[k] for g in got])) for k in ("throughput_per_s", "p50_us", "p99_us")}
-            for name, got in by_config.items()
+            name: {k: float(np.median([g[k] for g in got])) for k in KEYS} for name, got in by_config.items()
         }
         plain = medians["plain"]
         results[row] = {}
@@ -177,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(
                 f"{row:<22} {name:<6} {med['throughput_per_s']:9.1f} {med['p50_us']:9.1f} {med['p99_us']:9.1f} "
-                f"{ratios['throughput_ratio']:7.3f} {ratios['p50_ratio']:7.3f} {ratios['p99_ratio']:7.3f}"
+                f"{ratios['throughput_ratio']:7.3f} {ratios['p50_ratio']:7.3f} {ratios['p99_ratio']:7.3f} "
+                f"{med['server_cpu_us']:10.1f} {med['client_cpu_us']:10.1f}"
             )
     payload = {
         "benchmark": "security_overhead",

@@ -37,8 +37,9 @@ WIDE = 50_000  # elements of a big request's tensor: 250 KB of JSON, 31-49 ms to
 LEFTOVER_WITHIN_S = 2.0  # after the server is gone, its processes must be gone within this
 
 # The model sleeps x[0, 0] seconds. A request with a tag x[0, 1] > 0 first writes the pid of the
-# worker process that holds it to held-<tag> (files: the model may run in a worker process). While
-# the file slow-load exists, load() does not return (bounded), after creating loading-<pid>.
+# worker process that holds it to held-<tag> (files: the model may run in a worker process), then,
+# while the file hold-<tag> exists, waits (bounded) before its sleep. While the file slow-load
+# exists, load() does not return (bounded), after creating loading-<pid>.
 SLEEPY_MODEL = """
 import os
 import time
@@ -59,6 +60,9 @@ class Model:
         if tag:
             (self.dir / f"held-{tag}.tmp").write_text(str(os.getpid()))
             os.replace(self.dir / f"held-{tag}.tmp", self.dir / f"held-{tag}")
+            deadline = time.monotonic() + 30
+            while (self.dir / f"hold-{tag}").exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
         time.sleep(float(x[0, 0]))
         return {"y": x * 2}
 """
@@ -203,11 +207,16 @@ class Served:
         self.family |= set(pids)
         return pids
 
-    def sigterm_and_wait(self, timeout_s: float) -> tuple[int, float]:
-        """SIGTERM; the exit status and the seconds it took (fails if longer than ``timeout_s``)."""
+    def sigterm_and_wait(
+        self, timeout_s: float, during: Callable[[], None] | None = None
+    ) -> tuple[int, float]:
+        """SIGTERM; the exit status and the seconds it took (fails if longer than ``timeout_s``).
+        ``during`` runs between the signal and the wait (the drain is under way)."""
         self.processes()
         start = time.monotonic()
         self.server.proc.send_signal(signal.SIGTERM)
+        if during is not None:
+            during()
         try:
             code = self.server.proc.wait(timeout_s)
         except Exception:
@@ -560,19 +569,31 @@ def test_sigterm_under_load_answers_what_it_accepted_and_exits_0(
     big = Pipelined(s, body_of([0.5] * WIDE, [1, WIDE]), connections=8, depth=2)
     load.wait_ok(20)
     _wait_until(lambda: len(big.outcomes) > 0, 30, "a big request answered")
-    held = OneRequest(s, body(1.0, tag=1))  # in flight when the signal comes
+    # in flight when the signal comes, and held there until a request sent during the drain has
+    # been refused: the drain lasts as long as the test needs, however loaded the machine is
+    (s.gate / "hold-1").touch()
+    held = OneRequest(s, body(0.0, tag=1))
     _read_pid(s.gate / "held-1")
-
-    signalled_at = time.monotonic()
-    code, _ = s.sigterm_and_wait(GRACE_S + 10)
-    assert code == 0, s.output
-    status, doc = held.answer(10)
-    assert status == 200 and doc["outputs"][0]["data"] == [2.0, 2.0], (status, doc)
-    small, wide = load.finish(10, stop=False), big.finish(10, stop=False)
 
     def refused(o: Outcome) -> bool:
         return o.kind == "http" and o.status == 503 and "shutting down" in o.detail
 
+    def drain_seen_then_release() -> None:
+        try:
+            _wait_until(
+                lambda: any(refused(o) and o.sent_at >= signalled_at for o in list(load.outcomes)),
+                30,
+                "a request refused during the drain",
+            )
+        finally:
+            (s.gate / "hold-1").unlink()
+
+    signalled_at = time.monotonic()
+    code, _ = s.sigterm_and_wait(GRACE_S + 10, during=drain_seen_then_release)
+    assert code == 0, s.output
+    status, doc = held.answer(10)
+    assert status == 200 and doc["outputs"][0]["data"] == [0.0, 2.0], (status, doc)
+    small, wide = load.finish(10, stop=False), big.finish(10, stop=False)
     assert [o for o in small + wide if o.kind == "timeout"] == []
     # the big ones are background: refused for their shape (400), or during the drain (503), or
     # cut off with their connection (one still unread in the socket when the server closed)

@@ -6,8 +6,7 @@ The wheel is built once per module with this venv's build dependencies (scikit-b
 ninja, grpcio-tools; no build isolation) in the checkout's own build folder (``build/{wheel_tag}``,
 where ``make install`` built the editable install: the native code is not compiled again), and
 installed with pip's ordinary index (PyPI, or whatever pip is configured with): this test needs it
-to fetch the core dependencies, and fails saying so when it cannot. pip's cache makes reruns fast;
-``--no-compile`` skips byte-compiling the dependencies (a third of the install's time here).
+to fetch the core dependencies, and fails saying so when it cannot. pip's cache makes reruns fast.
 """
 
 import json
@@ -84,7 +83,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlainInstall]:
     _step("creating a venv", [sys.executable, "-m", "venv", str(venv)], COMMAND_TIMEOUT_S)
     _step(
         "pip install of the wheel (no extras)",
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", str(wheel)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
         INSTALL_TIMEOUT_S,
         hint=" (this test needs PyPI, or the index pip is configured with, for the core dependencies)",
     )
