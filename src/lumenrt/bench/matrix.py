@@ -16,6 +16,8 @@ ratio to it. Writes ``matrix-<stamp>.json`` and every row's load run under ``mat
 
 import argparse
 import itertools
+import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -107,10 +109,17 @@ def repository_with_batch(source: Path, model: str, batch_size: int, dest: Path)
         else:
             del batching["preferred_batch_size"]
     (target / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    for item in src.iterdir():
-        if item.is_dir():
-            (target / item.name).symlink_to(item.resolve(), target_is_directory=True)
+    for item in src.iterdir():  # the version folders: hard links where they can be, else copies
+        if item.is_dir():  # (not symlinks: the repository refuses what resolves outside it)
+            shutil.copytree(item.resolve(), target / item.name, copy_function=_link_or_copy)
     return out
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
 
 
 def _raw_limit(model: str, duration_s: float) -> dict[str, Any]:
