@@ -25,7 +25,7 @@ from lumenrt import __version__
 from lumenrt.engine.engine import Engine
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, duration_buckets
 from lumenrt.engine.request import Array, InferRequest, StageTimes
-from lumenrt.ingress.auth import ApiKey, Gate
+from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
 from lumenrt.ingress.rate_limit import RateLimiter
 from lumenrt.ingress.response_cache import CacheInput, CacheKey, CacheStats, ResponseCache
@@ -546,11 +546,6 @@ class InferenceService:
         except ServerError as err:
             self._done(rt, received_ns or time.monotonic_ns(), False, protocol, err.status)
             raise
-
-    def authorize(self, group: str, key: ApiKey | None, presented: bool) -> ApiKey | None:
-        """The gate's check (401/403), for a front end that found ``key``; no gate: None."""
-        gate = self.gate
-        return None if gate is None else gate.check(group, key, presented)
 
     def check_priority(self, rt: Any, priority: int, where: str) -> None:
         """A request's priority against its model's levels (400 naming ``where``)."""
