@@ -16,7 +16,7 @@ BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.
 E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
             'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
 
-.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python test-unit test-servers bench bench-serve bench-matrix bench-peers bench-latency bench-security dashboard report triton-peer clean
+.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python test-unit test-servers bench bench-serve bench-matrix bench-peers bench-latency bench-security bench-http-body dashboard report triton-peer clean
 
 all: install
 
@@ -117,6 +117,11 @@ bench-latency: install
 # TLS and API keys against a plain server: SqueezeNet HTTP c4, digits_mlp TCP c1/c4, HTTP c4 (~5 min)
 bench-security: install
 	$(BIN)/python benchmarks/security_overhead.py $(ARGS)
+
+# large HTTP bodies received into the arena slot, against another install (~3 min):
+#   make bench-http-body ARGS="--baseline-python /path/to/venv/bin/python"
+bench-http-body: install
+	$(BIN)/python benchmarks/http_body.py $(ARGS)
 
 # the Streamlit dashboard over results/ (http://127.0.0.1:8501), and the same plots as one HTML file
 dashboard: install

@@ -85,6 +85,7 @@ class FakeEngine:
         *,
         timeout_s: float | None = None,
         priority: int = 0,
+        received_slot: int = -1,
     ) -> Any:
         """As Engine.submit_callback: the inputs are copied now (they are views of the connection's
         receive buffer), the answer comes back on the loop once ``hold`` is open."""

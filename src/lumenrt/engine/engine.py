@@ -358,6 +358,7 @@ class Engine:
         *,
         timeout_s: float | None = None,
         priority: int = 0,
+        received_slot: int = -1,
     ) -> InferRequest:
         """Queue a request from the event loop thread without a Task or Future: ``on_answer(req)``
         runs in that thread once it is answered (``req.outputs`` or ``req.error``; ``req.context``
@@ -365,9 +366,16 @@ class Engine:
         owns the request from then on: it reads it and calls ``rt.release(req)`` exactly once.
         Raises (EngineError, InvalidInput) when admission refuses, and then never calls back.
         Returns the request, to ``cancel`` it while ``req.context is context`` (it may already
-        be answered and released when this returns: then its context is not)."""
+        be answered and released when this returns: then its context is not). ``received_slot``:
+        the arena slot the inputs were received in (``ModelRuntime.receive_slot``), taken over."""
         completions = self._bind(asyncio.get_running_loop())
-        req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done, priority=priority)
+        req = rt.submit(
+            inputs,
+            timeout_s=timeout_s,
+            on_done=completions.on_done,
+            priority=priority,
+            received_slot=received_slot,
+        )
         req.on_answer = on_answer  # read by _resolve, in this thread, after this returns
         req.context = context
         completions.outstanding += 1

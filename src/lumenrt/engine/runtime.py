@@ -10,7 +10,7 @@ thread pool and an unnamed memfd for the process pool (handed to workers at spaw
 
 Ingress path of a request (``submit`` / ``run``), all in the caller's thread:
   validate -> check the queue bound (max_queue_size) -> take a request record -> copy the inputs
-  once, into an arena slot in the slot layout of slot_layout.py (thread pool with allocator_type
+  once (none when a front end received them into a lent slot: ``receive_slot``), into an arena slot in the slot layout of slot_layout.py (thread pool with allocator_type
   "standard", or a request larger than a slot: into fresh numpy arrays) -> push the request
   descriptor (descriptors.py) -> a worker answers it (execute.py).
 
@@ -27,12 +27,17 @@ Invariants (both pools; each pool adds its own)
      the ring's capacity).
   4. A request's arena slot is freed once, when its record is released (after its caller has read
      the answer), or at once when admission refuses it.
+  5. A slot lent to a front end to receive a body into (``receive_slot``) is freed once: by
+     ``return_slot``, or by admission (``submit(received_slot=)``), which either makes it the
+     request's slot (the inputs lie in it as received: not copied) or frees it. At most a quarter
+     of the arena is lent at once.
 
 Shutdown order
   1. closed = True (admission refuses), the pool's ``stop``: no worker is replaced any more;
   2. the request ring closes; the pool drains and ends its workers (``close``), failing what they
      cannot answer;
-  3. the lane waits for the request it is running and closes its session;
+  3. the lane waits for the request it is running and closes its session; the memory lent to
+     front ends still receiving is released (they answer 503), so the region can unmap;
   4. the pool's ``release_memory``: the process pool unmaps the region (the arena with it: a
      release after that frees nothing); the thread pool's private region goes with its last
      reference.
@@ -62,7 +67,13 @@ from lumenrt.engine.request import (
     RequestTable,
     StageTimes,
 )
-from lumenrt.engine.slot_layout import SlotTooSmall, slot_bytes_needed, write_inputs
+from lumenrt.engine.slot_layout import (
+    SlotTooSmall,
+    adopt_inputs,
+    received_payload,
+    slot_bytes_needed,
+    write_inputs,
+)
 from lumenrt.engine.thread_pool import ThreadPool
 from lumenrt.engine.validate import validate_inputs
 from lumenrt.engine.worker import WorkerStats
@@ -203,6 +214,12 @@ class ModelRuntime:
                 self.region, plan.slot_bytes, plan.n_slots, offset=lay.offsets["arena"]
             )
         self.arena_fallbacks = 0  # requests too big for a slot (or arena full): copied to fresh arrays
+        # slots lent to front ends receiving a body straight into them (``receive_slot``), at most
+        # a quarter of the arena, so bodies still arriving never starve admitted requests
+        self.receiving = 0
+        self._lent: dict[int, memoryview] = {}  # slot -> the memory lent: released at close
+        self._receiving_max = max(1, self.arena.n_slots // 4) if self.arena is not None else 0
+        self.inputs_in_place = 0  # requests whose inputs were received in their slot: not copied
         self.rejected = 0
         # ``rejected`` by reason (metrics): queue_full (a level's bound, records or arena slots
         # exhausted, the ring full), unloading, ring_refused
@@ -248,6 +265,7 @@ class ModelRuntime:
         if self.doorbell is not None:
             self._fail_untokened()
         self.lane.close()
+        self._revoke_lent()
         self.workers.release_memory()
 
     def _fail_untokened(self) -> None:
@@ -280,11 +298,14 @@ class ModelRuntime:
         timeout_s: float | None = None,
         on_done: Callable[[InferRequest], None] | None = None,
         priority: int = 0,
+        received_slot: int = -1,
     ) -> InferRequest:
         """Queue the request without waiting: ``on_done`` runs in whichever thread completes it
         (None: its latch is set, see ``table.latches.wait``). ``priority``: its level, 1 (served
-        first) .. ``levels``; 0: the model's default level."""
-        req = self._prepare(inputs, timeout_s, on_done, priority)
+        first) .. ``levels``; 0: the model's default level. ``received_slot``: a slot from
+        ``receive_slot`` whose payload holds ``inputs`` (their bytes as received): the request
+        takes it over, whatever happens (it becomes the request's slot, or is freed)."""
+        req = self._prepare(inputs, timeout_s, on_done, priority, received_slot)
         refused: str | None = None
         try:
             pushed = try_push_request(self.level_rings[req.level - 1], req)
@@ -366,16 +387,79 @@ class ModelRuntime:
         doorbell = self.doorbell
         return len(self.ring) if doorbell is None else len(doorbell)
 
+    # ---- bodies received in place (front ends) ------------------------------------------------
+
+    def receive_slot(self, payload_bytes: int) -> tuple[int, memoryview] | None:
+        """An arena slot lent to a front end to receive a request's tensor bytes into as they
+        arrive (the request's one copy), and the memory to receive them into; None when the model
+        has no arena, the payload does not fit a slot, or a quarter of the slots are already
+        lent. Give it back with ``submit(received_slot=...)`` or ``return_slot``. The view is
+        exactly ``payload_bytes`` long; slices of it must not outlive the request."""
+        arena = self.arena
+        if arena is None or self.closed or self.receiving >= self._receiving_max:
+            return None
+        slot = arena.try_alloc()
+        if slot is None:
+            return None
+        room = len(received_payload(arena.view(slot)))
+        if payload_bytes > room:
+            arena.free(slot)
+            return None
+        # the one view of the slot lent (no other view shares it): releasing it at close lets the
+        # region unmap (_revoke_lent)
+        payload = received_payload(arena.view(slot))[:payload_bytes]
+        self.receiving += 1
+        self._lent[slot] = payload
+        return slot, payload
+
+    def return_slot(self, slot: int) -> None:
+        """A slot from ``receive_slot`` whose request never reached ``submit``."""
+        self.receiving -= 1
+        self._lent.pop(slot, None)
+        arena = self.arena
+        if arena is not None:
+            arena.free(slot)
+
+    def _revoke_lent(self) -> None:
+        """At close: the memory lent to front ends still receiving is released, so the region can
+        be unmapped (a front end writing into it then gets ValueError and answers 503; its
+        ``submit`` is refused since the runtime is closed)."""
+        for view in list(self._lent.values()):
+            with contextlib.suppress(BufferError):  # arrays made from it right now: they go soon
+                view.release()
+
     def _prepare(
         self,
         inputs: Mapping[str, Any],
         timeout_s: float | None,
         on_done: Callable[[InferRequest], None] | None,
         priority: int = 0,
+        received_slot: int = -1,
     ) -> InferRequest:
         """Admission: refuse when unloading, validate, check the queue bound of the request's
         priority level, take a record (and a slot), stamp arrival, set the deadline from the
-        level's queue policy, copy the inputs in."""
+        level's queue policy, copy the inputs in (or adopt them where they were received)."""
+        if received_slot < 0:
+            return self._admit(inputs, timeout_s, on_done, priority, -1)
+        adopted = False
+        try:
+            req = self._admit(inputs, timeout_s, on_done, priority, received_slot)
+            adopted = req.slot == received_slot
+            return req
+        finally:  # the slot is the request's now, or (refused, or copied from) freed here
+            self.receiving -= 1
+            self._lent.pop(received_slot, None)
+            if not adopted and self.arena is not None:
+                self.arena.free(received_slot)
+
+    def _admit(
+        self,
+        inputs: Mapping[str, Any],
+        timeout_s: float | None,
+        on_done: Callable[[InferRequest], None] | None,
+        priority: int,
+        received_slot: int,
+    ) -> InferRequest:
         received_ns = time.monotonic_ns()
         config = self.config
         if self.closed:
@@ -420,7 +504,7 @@ class ModelRuntime:
         if timeout_s is not None:
             req.deadline_ns = received_ns + int(timeout_s * 1e9)
         try:
-            req.inputs = self._copy_in(req, arrays)
+            req.inputs = self._copy_in(req, arrays, received_slot)
         except BaseException:
             self.table.release(req)
             raise
@@ -430,10 +514,23 @@ class ModelRuntime:
         req.times.enqueued_ns = time.monotonic_ns()
         return req
 
-    def _copy_in(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array]:
+    def _copy_in(
+        self, req: InferRequest, arrays: dict[str, Array], received_slot: int = -1
+    ) -> dict[str, Array]:
         """The one copy of the request's tensors: into an arena slot (slot_layout.py; the header
-        too when the pool's workers read it from another process), or into fresh arrays."""
+        too when the pool's workers read it from another process), or into fresh arrays. With a
+        ``received_slot`` whose payload holds them as received, none: the slot becomes the
+        request's (``_prepare`` frees it when they cannot be used in place and are copied)."""
         arena, plan = self.arena, self._arena_plan
+        if (
+            received_slot >= 0
+            and arena is not None
+            and plan is not None
+            and adopt_inputs(arena.view(received_slot), arrays, describe=plan.required)
+        ):
+            req.slot = received_slot
+            self.inputs_in_place += 1
+            return arrays
         if arena is not None and plan is not None:
             describe = plan.required
             if describe or all(a.dtype != np.object_ for a in arrays.values()):
@@ -532,6 +629,7 @@ class ModelRuntime:
             "rejected": self.rejected,
             "rejections": dict(self.rejections),
             "arena_fallbacks": self.arena_fallbacks,
+            "inputs_in_place": self.inputs_in_place,  # received into their slot: never copied
             "queue_ns": total.queue_ns,
             "input_ns": total.input_ns,
             "infer_ns": total.infer_ns,

@@ -2,12 +2,15 @@
 
     [header: counts, status, stage times, per tensor offset/nbytes/shape][error text][tensors...]
 
-Ingress writes the inputs (its one copy); a worker reads them in place (numpy views, no copy). For
+Ingress writes the inputs (its one copy), or finds them already there when the front end received
+the tensor bytes straight into the slot (``received_payload``, ``adopt_inputs``: HTTP bodies);
+a worker reads them in place (numpy views, no copy). For
 a worker process, ingress also writes the header entries; the worker writes the outputs after the
 inputs and records their shapes, stage times and status; the engine copies the outputs out. A
 worker thread is handed the views instead and answers with the model's own arrays, so the thread
 pool writes no header. The slot is freed when the request's record is released (runtime.py).
-Offsets are 64-byte aligned.
+Offsets are 64-byte aligned, except inputs received in place: those keep their wire offsets
+(aligned to their element size).
 """
 
 from typing import Any
@@ -71,23 +74,58 @@ def write_inputs(slot: memoryview, arrays: dict[str, Array], *, describe: bool =
     thread gets the views instead, so the thread pool skips them)."""
     if len(arrays) > MAX_TENSORS:
         raise SlotTooSmall(f"more than {MAX_TENSORS} tensors")
-    h = header(slot) if describe else None
     placed: dict[str, Array] = {}
+    offsets: list[int] = []
     offset = DATA_AT
-    for i, (name, a) in enumerate(arrays.items()):
+    for name, a in arrays.items():
         end = offset + a.nbytes
         if end > len(slot) or a.ndim > MAX_DIMS:
             raise SlotTooSmall(f"request of {end} bytes does not fit an arena slot of {len(slot)} bytes")
         dst: Array = np.ndarray(a.shape, a.dtype, buffer=slot, offset=offset)
         np.copyto(dst, a)  # the one copy
         placed[name] = dst
-        if h is not None:
-            h["offset"][i], h["nbytes"][i], h["ndim"][i] = offset, a.nbytes, a.ndim
-            h["shape"][i, : a.ndim] = a.shape
+        offsets.append(offset)
         offset = _align(end)
-    if h is not None:
-        h["n_inputs"], h["n_outputs"], h["status"], h["error_bytes"] = len(arrays), 0, 0, 0
+    if describe:
+        _describe_inputs(slot, placed, offsets)
     return placed
+
+
+def received_payload(slot: memoryview) -> memoryview:
+    """Where a front end receives a request's tensor bytes straight off the socket, in wire order
+    (``adopt_inputs`` then finds them in place): the slot's data area."""
+    return slot[DATA_AT:]
+
+
+def adopt_inputs(slot: memoryview, arrays: dict[str, Array], *, describe: bool = True) -> bool:
+    """The inputs already lie in ``slot`` (received there, ``received_payload``): check that each
+    is a contiguous view inside the data area at an offset aligned to its element size, in
+    increasing order (outputs go after the last), and describe them like ``write_inputs``. False,
+    with nothing written, when they do not (the caller copies them instead)."""
+    if len(arrays) > MAX_TENSORS:
+        return False
+    base = int(np.frombuffer(slot, np.uint8).ctypes.data)
+    offsets: list[int] = []
+    low = DATA_AT
+    for a in arrays.values():
+        if a.dtype.hasobject or not a.flags.c_contiguous or a.ndim > MAX_DIMS:
+            return False
+        offset = int(a.__array_interface__["data"][0]) - base
+        if offset < low or offset + a.nbytes > len(slot) or offset % a.dtype.itemsize:
+            return False
+        offsets.append(offset)
+        low = offset + a.nbytes
+    if describe:
+        _describe_inputs(slot, arrays, offsets)
+    return True
+
+
+def _describe_inputs(slot: memoryview, arrays: dict[str, Array], offsets: list[int]) -> None:
+    h = header(slot)
+    for i, (a, offset) in enumerate(zip(arrays.values(), offsets, strict=True)):
+        h["offset"][i], h["nbytes"][i], h["ndim"][i] = offset, a.nbytes, a.ndim
+        h["shape"][i, : a.ndim] = a.shape
+    h["n_inputs"], h["n_outputs"], h["status"], h["error_bytes"] = len(arrays), 0, 0, 0
 
 
 def read_tensors(slot: memoryview, config: ModelConfig, outputs: bool) -> dict[str, Array]:

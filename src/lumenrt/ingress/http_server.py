@@ -32,6 +32,9 @@ Connection invariants (flow control, timeouts and the sweeper: ``lumenrt.ingress
   - Every request that was parsed whole gets exactly one response; a connection closed by the
     client, or aborted by the sweeper for not reading, drops the responses still owed to it (its
     requests still finish inside the engine).
+  - A large binary body's tensor bytes are received straight into an arena slot (``http_body``);
+    a slot lent for a body is returned whatever becomes of the request (``_drop_queued``, the end
+    of each request's turn in ``_run_queue``), unless admission took it over.
 """
 
 import asyncio
@@ -47,7 +50,8 @@ import httptools
 
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.connection import Connection, Listener
-from lumenrt.ingress.errors import REASONS, as_server_error, not_found
+from lumenrt.ingress.errors import REASONS, as_server_error, not_found, unavailable
+from lumenrt.ingress.http_body import RECEIVE_IN_SLOT_MIN, SlotBody, infer_target
 from lumenrt.ingress.service import InferenceService, InferOutcome
 from lumenrt.ingress.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth
@@ -72,6 +76,7 @@ class HttpRequest:
     http_10: bool = False  # an HTTP/1.0 request: a kept-alive answer must say so
     error: ServerError | None = None  # its body could not be decoded: answered with this
     client: str = ""  # who sent it, for the rate limits: its API key's name, else its address
+    received: SlotBody | None = None  # its tensor bytes, received into an arena slot (http_body.py)
 
 
 @dataclass(slots=True)
@@ -129,6 +134,7 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._chunks = 0  # of a chunked body
         self._body: list[bytes] = []
         self._body_bytes = 0
+        self._slot_body: SlotBody | None = None  # the body arriving into an arena slot
         self._headers_done = False  # header fields from here on are trailers (dropped)
         self._http_10 = False
         self._decoder: ContentDecoder | None = None
@@ -142,7 +148,7 @@ class HttpConnection(Connection, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """The client went (or the server closed it): pipelined requests are dropped, and the one
         with the workers is cancelled: dropped before it runs (its answer, if any, is discarded)."""
-        self._queue.clear()
+        self._drop_queued()
         submitted = self._submitted
         if submitted is not None and self._busy:
             self.service.cancel(submitted)
@@ -176,7 +182,7 @@ class HttpConnection(Connection, asyncio.Protocol):
         stream can no longer be trusted to be in step."""
         if self.closing:
             return
-        self._queue.clear()
+        self._drop_queued()
         self._write(error_response(err), keep_alive=False)
 
     # ---- connection hooks (lumenrt.ingress.connection) ----------------------------------------
@@ -196,8 +202,22 @@ class HttpConnection(Connection, asyncio.Protocol):
             self._next()
 
     def abort(self) -> None:
-        self._queue.clear()
+        self._drop_queued()
         super().abort()
+
+    def _drop_queued(self) -> None:
+        """The parsed requests not yet answered, and the body arriving, are dropped: their lent
+        slots go back (http_body invariant 1)."""
+        for req in self._queue:
+            if req.received is not None:
+                req.received.release()
+        self._queue.clear()
+        self._end_slot_body()
+
+    def _end_slot_body(self) -> None:
+        slot_body, self._slot_body = self._slot_body, None
+        if slot_body is not None:
+            slot_body.release()
 
     def _refuse(self, message: str) -> None:
         if self.transport is not None:
@@ -217,6 +237,7 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._chunks = 0
         self._body = []
         self._body_bytes = 0
+        self._end_slot_body()  # none: the message before it completed or failed
         self._headers_done = False
         self._decoder = None
         self._body_error = None
@@ -255,6 +276,8 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._http_10 = version == "1.0"
         plan = check_head(version, self.parser.get_method(), self._headers, self.limits.max_body_bytes)
         self._decoder = plan.decoder
+        if plan.decoder is None:
+            self._slot_body = self._receive_in_slot()
         if plan.send_continue:
             if self._busy or self._queue:
                 self._continue_owed = True  # written by _next once the answers before it are
@@ -268,6 +291,14 @@ class HttpConnection(Connection, asyncio.Protocol):
             raise ServerError(413, f"body is over the limit of {self.limits.max_body_bytes} bytes")
         if self._body_error is not None:
             return  # the rest of a body that failed to decode: read and dropped
+        slot_body = self._slot_body
+        if slot_body is not None:
+            try:
+                slot_body.feed(body)
+            except ValueError:  # the model closed and revoked the slot (http_body invariant 3)
+                self._end_slot_body()
+                self._body_error = unavailable("the model was unloaded while the request body arrived")
+            return
         if self._decoder is None:
             self._body.append(body)
             return
@@ -283,11 +314,14 @@ class HttpConnection(Connection, asyncio.Protocol):
                 body = self._decoder.finish()
             except ServerError as err:
                 self._body_error, body = err, b""
+        elif self._slot_body is not None:
+            body = bytes(self._slot_body.header)  # the JSON header; the tensors are in the slot
         else:
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
         self._decoder = None
         self._finished = self._begun
+        received, self._slot_body = self._slot_body, None
         req = HttpRequest(
             self.parser.get_method(),
             self._url.decode("latin-1"),
@@ -298,12 +332,39 @@ class HttpConnection(Connection, asyncio.Protocol):
             self._http_10,
             self._body_error,
             self.peer_host if self.service.limiter is not None else "",
+            received,
         )
         self._queue.append(req)
         if len(self._queue) >= MAX_PIPELINED and not self.load_paused:
             self._pause_for_load()
         if not self._busy:
             self._next()
+
+    def _receive_in_slot(self) -> SlotBody | None:
+        """A slot to receive this body's tensor bytes into (http_body.py), when the headers say
+        it is a large binary infer body for a model with an arena that this client may use."""
+        headers = self._headers
+        length, header = headers.get(b"content-length"), headers.get(HEADER_LENGTH)
+        if length is None or header is None or not length.isdigit() or not header.isdigit():
+            return None
+        total, head = int(length), int(header)  # total was checked against the body limit
+        if head > total or total - head < RECEIVE_IN_SLOT_MIN or self.parser.get_method() != b"POST":
+            return None
+        target = infer_target(self._url)
+        service = self.service
+        if target is None or not service.accepting:
+            return None
+        gate = service.gate
+        if gate is not None and not gate.is_open("inference"):
+            key, _ = gate.from_headers(headers)
+            if key is None or not key.may("inference"):
+                return None  # route() answers it 401/403, in its turn
+        try:
+            rt = service.runtime(*target)
+        except ServerError:
+            return None
+        lent = rt.receive_slot(total - head)
+        return None if lent is None else SlotBody(rt, lent[0], lent[1], head)
 
     # ---- handling -----------------------------------------------------------------------------
 
@@ -324,28 +385,11 @@ class HttpConnection(Connection, asyncio.Protocol):
         while self._queue and not self._busy and not self.write_paused and not self.closing:
             req = self._queue.popleft()
             try:
-                result = error_response(req.error) if req.error is not None else route(self.service, req)
-            except Exception as exc:
-                result = error_response(as_server_error(exc))
-            if isinstance(result, Response):
-                self._write(result, req.keep_alive, req.http_10)
-                continue
-            if isinstance(result, _Submit):  # to the workers: the engine calls back (``_Submit``)
-                result.conn, result.request = self, req
-                self._submitted = result
-                self._busy = True  # before: the engine may answer inside submit (spin_us)
-                try:
-                    self.service.submit(result, result.take_arrays(), result.timeout_s)
-                except ServerError as err:  # refused at once: answered now, never called back
-                    self._busy = False
-                    self._write(error_response(err), req.keep_alive, req.http_10)
-                    continue
-                if self._busy:
-                    return  # answered later: ``_answered`` goes on
-                continue  # answered inside submit: go on here
-            self._busy = True
-            self._task = self.loop.create_task(self._respond(result, req))  # referenced while it runs
-            return
+                if not self._handle(req):
+                    return  # answered later: ``_answered`` (or ``_respond``) goes on
+            finally:
+                if req.received is not None:  # its slot, unless admission took it over
+                    req.received.release()
         if self._queue or self._busy or self.closing:
             return  # the rest waits for the engine's answer or for the write buffer to drain
         if self._continue_owed:
@@ -353,6 +397,30 @@ class HttpConnection(Connection, asyncio.Protocol):
             self._write_continue()
         if self.load_paused:
             self._resume_for_load()  # unless the write buffer still holds reading paused
+
+    def _handle(self, req: HttpRequest) -> bool:
+        """Route one request and answer it, or hand it on; True if it was answered now."""
+        try:
+            result = error_response(req.error) if req.error is not None else route(self.service, req)
+        except Exception as exc:
+            result = error_response(as_server_error(exc))
+        if isinstance(result, Response):
+            self._write(result, req.keep_alive, req.http_10)
+            return True
+        if isinstance(result, _Submit):  # to the workers: the engine calls back (``_Submit``)
+            result.conn, result.request = self, req
+            self._submitted = result
+            self._busy = True  # before: the engine may answer inside submit (spin_us)
+            try:
+                self.service.submit(result, result.take_arrays(), result.timeout_s, req.received)
+            except ServerError as err:  # refused at once: answered now, never called back
+                self._busy = False
+                self._write(error_response(err), req.keep_alive, req.http_10)
+                return True
+            return not self._busy  # answered inside submit: go on here
+        self._busy = True
+        self._task = self.loop.create_task(self._respond(result, req))  # referenced while it runs
+        return False
 
     def _answered(self, response: Response, req: HttpRequest) -> None:
         """The engine answered the request ``_next`` submitted: write it, go on in order."""
@@ -560,10 +628,11 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
         if not header.isdigit():
             raise bad_request(f"Inference-Header-Content-Length must be a number, got {header!r}")
         length = int(header)
+        payload = _received_payload(req)
         if length == 0:
-            parsed = parse_raw_request(req.body, rt.config)
+            parsed = parse_raw_request(req.body if payload is None else payload, rt.config)
         else:
-            parsed = parse_infer_request(req.body, length, service.limits.max_elements)
+            parsed = parse_infer_request(req.body, length, service.limits.max_elements, payload)
     else:
         parsed = parse_infer_request(req.body, None, service.limits.max_elements)
     arrays = service.check_inputs(rt, parsed.inputs)
@@ -582,6 +651,19 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
     if outcome is not None:
         return _infer_response(outcome, parsed)
     return _Submit(rt, arrays, outputs, parsed, req.received_ns)
+
+
+def _received_payload(req: HttpRequest) -> memoryview | None:
+    """The tensor bytes received into an arena slot (http_body.py), if they were."""
+    received = req.received
+    if received is None:
+        return None
+    payload = received.payload
+    try:
+        payload.nbytes  # noqa: B018 - raises once the model closed and revoked it
+    except ValueError:
+        raise unavailable("the model was unloaded while the request was queued") from None
+    return payload
 
 
 class _Submit:

@@ -121,6 +121,15 @@ class PendingAnswer(Protocol):
         ...
 
 
+class ReceivedBody(Protocol):
+    """A request body a front end received straight into an arena slot (``receive_slot``)."""
+
+    def take(self, runtime: Any) -> int:
+        """The slot, handed over to ``runtime``'s admission (-1: none for that runtime); the
+        front end no longer returns it."""
+        ...
+
+
 @dataclass(slots=True)
 class InferOutcome:
     """A finished request as a front end encodes it."""
@@ -497,12 +506,20 @@ class InferenceService:
         finally:
             self._done(rt, start, ok, protocol, status, request_id, times)
 
-    def submit(self, pending: "PendingAnswer", arrays: Mapping[str, Array], timeout_s: float | None) -> None:
+    def submit(
+        self,
+        pending: "PendingAnswer",
+        arrays: Mapping[str, Array],
+        timeout_s: float | None,
+        received: "ReceivedBody | None" = None,
+    ) -> None:
         """Queue one request from the event loop without a Task or Future: the engine calls back
         on this thread once it is answered, and ``pending.answer(outcome)`` or
         ``pending.fail(error)`` runs exactly once, then the request's record is released.
         ``pending`` is the front end's own record of the request (runtime, outputs, timing,
-        received_ns). Raises ServerError when it is refused at once (then no call back)."""
+        received_ns). Raises ServerError when it is refused at once (then no call back).
+        ``received``: the arena slot ``arrays`` were received in; the engine takes it over once
+        the request reaches it (else it stays the caller's to return)."""
         key, cached = self._cache_find(pending.runtime, arrays, pending.outputs)
         if cached is not None:  # answered now, inside submit (the front ends expect that)
             pending.answer(
@@ -520,7 +537,13 @@ class InferenceService:
         self._admit()
         try:
             pending.engine_request = self.engine.submit_callback(
-                pending.runtime, arrays, on_answer, pending, timeout_s=timeout_s, priority=pending.priority
+                pending.runtime,
+                arrays,
+                on_answer,
+                pending,
+                timeout_s=timeout_s,
+                priority=pending.priority,
+                received_slot=received.take(pending.runtime) if received is not None else -1,
             )
         except Exception as exc:
             error = as_server_error(exc)

@@ -81,7 +81,7 @@ PLAN_CACHE_MAX_BYTES = 1024
 _plans: dict[tuple[bytes, int], _Plan] = {}
 
 
-def _from_plan(plan: _Plan, body: bytes, at: int) -> ParsedInfer:
+def _from_plan(plan: _Plan, body: bytes | memoryview, at: int) -> ParsedInfer:
     if at + plan.binary_bytes != len(body):
         raise bad_request(
             f"the inputs take {plan.binary_bytes} bytes of binary data but the body has {len(body) - at}"
@@ -117,18 +117,24 @@ def _plan_of(parsed: ParsedInfer, sizes: list[int]) -> _Plan:
     )
 
 
-def parse_infer_request(body: bytes, header_length: int | None, max_elements: int) -> ParsedInfer:
-    """Decode a JSON (``header_length`` None) or JSON+binary infer body."""
+def parse_infer_request(
+    body: bytes, header_length: int | None, max_elements: int, payload: memoryview | None = None
+) -> ParsedInfer:
+    """Decode a JSON (``header_length`` None) or JSON+binary infer body. ``payload``: the binary
+    part, received apart from the JSON header (into an arena slot: the arrays are views of it);
+    ``body`` is then the header alone."""
     key: tuple[bytes, int] | None = None
     if header_length is not None and 0 < header_length <= min(PLAN_CACHE_MAX_BYTES, len(body)):
         key = (body[:header_length], max_elements)
         plan = _plans.get(key)
         if plan is not None:
             try:
+                if payload is not None:
+                    return _from_plan(plan, payload, 0)
                 return _from_plan(plan, body, header_length)
             except ServerError:
                 pass  # the binary part is wrong: the full decode below names the field as ever
-    parsed, sizes = _parse(body, header_length, max_elements)
+    parsed, sizes = _parse(body, header_length, max_elements, payload)
     if key is not None and len(sizes) == len(parsed.inputs):  # every input binary: reusable
         if len(_plans) >= PLAN_CACHE_ENTRIES:
             _plans.clear()
@@ -136,9 +142,10 @@ def parse_infer_request(body: bytes, header_length: int | None, max_elements: in
     return parsed
 
 
-def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[ParsedInfer, list[int]]:
+def _parse(
+    body: bytes, header_length: int | None, max_elements: int, payload: memoryview | None = None
+) -> tuple[ParsedInfer, list[int]]:
     """The full decode; also the byte sizes of the binary inputs, in order."""
-    view = memoryview(body)
     sizes: list[int] = []
     if header_length is None:
         header_length = len(body)
@@ -146,7 +153,9 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
         raise bad_request(
             f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes"
         )
-    header = view[:header_length].tobytes() if header_length != len(body) else body
+    header = memoryview(body)[:header_length].tobytes() if header_length != len(body) else body
+    # the binary part: after the header in the body, or received apart (its own buffer)
+    view, at = (memoryview(body), header_length) if payload is None else (payload, 0)
     check_json_depth(header, DEFAULT_MAX_JSON_DEPTH)
     try:
         doc = json.loads(header)
@@ -169,7 +178,6 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
     if not isinstance(inputs, list) or not inputs:
         raise bad_request("inputs must be a non-empty list of tensors")
     check_tensor_count(len(inputs), "inputs")
-    at = header_length
     for i, raw in enumerate(inputs):
         where = f"inputs[{i}]"
         entry = _obj(raw, where)
@@ -184,9 +192,9 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
         if size is not None:
             if "data" in entry:
                 raise bad_request(f"{where}: has both data and parameters.binary_data_size")
-            if at + size > len(body):
+            if at + size > len(view):
                 raise bad_request(
-                    f"{where}: binary_data_size {size} but only {len(body) - at} bytes of binary data remain"
+                    f"{where}: binary_data_size {size} but only {len(view) - at} bytes of binary data remain"
                 )
             array = from_raw(view[at : at + size], datatype, shape, where, bad_request)
             at += size
@@ -196,8 +204,8 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
         else:
             raise bad_request(f"{where}: no data (give data, or parameters.binary_data_size)")
         out.inputs.append(WireInput(name, datatype, shape, array))
-    if at != len(body):
-        raise bad_request(f"{len(body) - at} bytes of binary data left over after the last input")
+    if at != len(view):
+        raise bad_request(f"{len(view) - at} bytes of binary data left over after the last input")
 
     outputs = doc.get("outputs")
     if outputs is not None:
@@ -214,8 +222,9 @@ def _parse(body: bytes, header_length: int | None, max_elements: int) -> tuple[P
     return out, sizes
 
 
-def parse_raw_request(body: bytes, config: ModelConfig) -> ParsedInfer:
-    """The raw single-input form: the body is the one input's raw tensor."""
+def parse_raw_request(body: bytes | memoryview, config: ModelConfig) -> ParsedInfer:
+    """The raw single-input form: the body is the one input's raw tensor (a view of an arena slot
+    when it was received into one)."""
     if len(config.inputs) != 1:
         raise bad_request(
             f"model {config.name!r}: a raw binary body needs a model with one input; it has "

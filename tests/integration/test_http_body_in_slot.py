@@ -1,0 +1,209 @@
+"""Large HTTP bodies received straight into the model's arena slot (ingress/http_body.py): the
+answer is the same as through the engine's own copy, the inputs are never copied again, and the
+lent slot comes back on every path (answered, refused, client gone mid-body, model unloaded
+mid-body). One body per worker mode, over real loopback sockets, with SqueezeNet's 600 KB input."""
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from lumenrt.engine.engine import Engine
+from lumenrt.engine.server_config import EngineConfig
+from lumenrt.ingress.app import ServeOptions, ServerThread
+from lumenrt.ingress.auth import Gate, KeySource
+from lumenrt.models.builtin import builtin_examples
+
+MODEL = "squeezenet"
+KEY = "k" * 24
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    settings = EngineConfig(worker_mode=request.param, thread_count=1, pin=False)
+    with (
+        Engine(models=[MODEL], settings=settings) as engine,
+        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None)) as st,
+    ):
+        yield st
+
+
+def _engine(server: ServerThread) -> Engine:
+    return server.app.engine
+
+
+def _image() -> np.ndarray:
+    return builtin_examples(MODEL, 1)["data"]
+
+
+def _binary_request(x: np.ndarray, *, size: int | None = None, model: str = MODEL) -> bytes:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "data",
+                    "datatype": "FP32",
+                    "shape": list(x.shape),
+                    "parameters": {"binary_data_size": x.nbytes if size is None else size},
+                }
+            ],
+            "outputs": [{"name": "prob", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    body = header + x.tobytes()
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+def _raw_request(x: np.ndarray) -> bytes:
+    head = (
+        f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {x.nbytes}\r\n"
+        "Inference-Header-Content-Length: 0\r\n\r\n"
+    ).encode()
+    return head + x.tobytes()
+
+
+def _send_in_pieces(sock: socket.socket, raw: bytes, piece: int = 4096) -> None:
+    """Many small writes, so the server gets the body in many chunks."""
+    for at in range(0, len(raw), piece):
+        sock.sendall(raw[at : at + piece])
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    buf = bytearray()
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a whole response: {bytes(buf)!r}")
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    body = bytearray(rest)
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a body")
+        body += chunk
+    return int(lines[0].split()[1]), headers, bytes(body)
+
+
+def _exchange(server: ServerThread, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _send_in_pieces(sock, raw)
+        return _read_response(sock)
+
+
+def _output(headers: dict[str, str], body: bytes) -> np.ndarray:
+    header_length = int(headers["inference-header-content-length"])
+    return np.frombuffer(body[header_length:], np.float32)
+
+
+def _wait_for(what: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _slots_back(server: ServerThread) -> bool:
+    """No slot lent or in use (every request answered and released)."""
+    rt = _engine(server).runtime(MODEL)
+    return rt.receiving == 0 and rt.arena is not None and rt.arena.stats()["in_use"] == 0
+
+
+@pytest.mark.parametrize("form", ["binary", "raw"])
+def test_a_body_received_in_its_slot_gives_the_engines_answer_and_is_not_copied_again(
+    server: ServerThread, form: str
+) -> None:
+    engine = _engine(server)
+    x = _image()
+    expected = engine.infer(MODEL, {"data": x}).outputs["prob"].ravel()
+    before = engine.runtime(MODEL).inputs_in_place
+    status, headers, body = _exchange(server, _binary_request(x) if form == "binary" else _raw_request(x))
+    assert status == 200, body[:300]
+    np.testing.assert_allclose(_output(headers, body), expected, rtol=1e-5, atol=1e-6)
+    assert engine.runtime(MODEL).inputs_in_place == before + 1  # adopted where it was received
+    stats = server.app.service.statistics(MODEL)["model_stats"][0]
+    assert stats["lumenrt"]["inputs_in_place"] >= 1
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_a_body_whose_sizes_do_not_add_up_is_400_and_its_slot_comes_back(server: ServerThread) -> None:
+    x = _image()
+    status, _, body = _exchange(server, _binary_request(x, size=x.nbytes - 4))
+    assert status == 400
+    assert b"inputs[0]" in body and b"602108 bytes" in body
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_unknown_model_is_404_and_lends_no_slot(server: ServerThread) -> None:
+    status, _, body = _exchange(server, _binary_request(_image(), model="nope"))
+    assert status == 404 and b"nope" in body
+    assert _slots_back(server)
+
+
+def test_a_client_gone_mid_body_gives_its_slot_back(server: ServerThread) -> None:
+    raw = _binary_request(_image())
+    rt = _engine(server).runtime(MODEL)
+    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
+        sock.sendall(raw[: len(raw) // 2])
+        _wait_for(lambda: rt.receiving == 1)  # lent while the body arrives
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_a_client_the_gate_refuses_is_lent_no_slot(server: ServerThread) -> None:
+    service = server.app.service
+    doc = json.dumps({"keys": [{"name": "app", "key": KEY, "groups": ["inference"]}]})
+    service.gate = Gate(KeySource(env_text=doc))
+    try:
+        raw = _binary_request(_image())
+        rt = _engine(server).runtime(MODEL)
+        with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
+            sock.sendall(raw[: len(raw) // 2])
+            time.sleep(0.2)
+            assert rt.receiving == 0  # nothing lent to a client without a key
+            sock.sendall(raw[len(raw) // 2 :])
+            status, _, _ = _read_response(sock)
+        assert status == 401
+        keyed = raw.replace(b"Host: x\r\n", f"Host: x\r\nAuthorization: Bearer {KEY}\r\n".encode(), 1)
+        before = rt.inputs_in_place
+        status, _, body = _exchange(server, keyed)
+        assert status == 200, body[:300]
+        assert rt.inputs_in_place == before + 1
+    finally:
+        service.gate = None
+    _wait_for(lambda: _slots_back(server))
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads(mode: str) -> None:
+    """The slot is revoked at close (the region unmaps: no BufferError), the request is answered
+    503, and the model serves again once loaded. A server of its own: the reload starts workers."""
+    settings = EngineConfig(worker_mode=mode, thread_count=1, pin=False)
+    with (
+        Engine(models=[MODEL], settings=settings) as engine,
+        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None)) as server,
+    ):
+        service = server.app.service
+        raw = _binary_request(_image())
+        with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=60) as sock:
+            sock.sendall(raw[: len(raw) // 2])
+            rt = engine.runtime(MODEL)
+            _wait_for(lambda: rt.receiving == 1)
+            service.unload(MODEL)  # closes the runtime: raises if the region could not unmap
+            sock.sendall(raw[len(raw) // 2 :])
+            status, _, body = _read_response(sock)
+        assert status == 503, body
+        assert b"unloaded" in body
+        service.load(MODEL)
+        status, _, body = _exchange(server, _binary_request(_image()))
+        assert status == 200, body[:300]
+        _wait_for(lambda: _slots_back(server))
