@@ -41,7 +41,8 @@ def thread_cpu_s(pid: int, tid: int) -> float:
 
 
 def in_place(server: ServeProcess) -> int:
-    with urllib.request.urlopen(f"{server.http_url}/v2/models/{MODEL}/stats", timeout=10) as answer:
+    url = f"http://127.0.0.1:{server.ports['http']}/v2/models/{MODEL}/stats"
+    with urllib.request.urlopen(url, timeout=10) as answer:
         stats = json.load(answer)["model_stats"][0]
     return int(stats.get("lumenrt", {}).get("inputs_in_place", 0))
 

@@ -1,6 +1,6 @@
 """Clients for the flow-control tests of both front ends (test_http_flow_control.py,
 test_tcp_flow_control.py): one that hardly reads, a sender thread, a sampler of the server side,
-and a bounded wait."""
+and a bounded wait; and a reader of one raw HTTP response (the raw-socket HTTP tests)."""
 
 import socket
 import threading
@@ -104,3 +104,27 @@ def wait_for(what: str, cond: Callable[[], Any]) -> Any:
             return got
         time.sleep(0.01)
     raise AssertionError(f"not within {WAIT_S:g} s: {what}")
+
+
+def read_response(sock: socket.socket, buf: bytearray | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP response (status, lower-case headers, body); ``buf`` carries bytes read past it."""
+    buf = buf if buf is not None else bytearray()
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a whole response: {bytes(buf)!r}")
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    length = int(headers["content-length"])
+    body = bytearray(rest)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a body")
+        body += chunk
+    del buf[:]
+    buf += body[length:]
+    return status, headers, bytes(body[:length])

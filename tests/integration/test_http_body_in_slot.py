@@ -16,6 +16,7 @@ from lumenrt.engine.server_config import EngineConfig
 from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.auth import Gate, KeySource
 from lumenrt.models.builtin import builtin_examples
+from tests.integration.flow_clients import read_response
 
 MODEL = "squeezenet"
 KEY = "k" * 24
@@ -75,30 +76,11 @@ def _send_in_pieces(sock: socket.socket, raw: bytes, piece: int = 4096) -> None:
         sock.sendall(raw[at : at + piece])
 
 
-def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    buf = bytearray()
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed before a whole response: {bytes(buf)!r}")
-        buf += chunk
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    body = bytearray(rest)
-    while len(body) < int(headers["content-length"]):
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed inside a body")
-        body += chunk
-    return int(lines[0].split()[1]), headers, bytes(body)
-
-
 def _exchange(server: ServerThread, raw: bytes) -> tuple[int, dict[str, str], bytes]:
     with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _send_in_pieces(sock, raw)
-        return _read_response(sock)
+        return read_response(sock)
 
 
 def _output(headers: dict[str, str], body: bytes) -> np.ndarray:
@@ -171,7 +153,7 @@ def test_a_client_the_gate_refuses_is_lent_no_slot(server: ServerThread) -> None
             time.sleep(0.2)
             assert rt.receiving == 0  # nothing lent to a client without a key
             sock.sendall(raw[len(raw) // 2 :])
-            status, _, _ = _read_response(sock)
+            status, _, _ = read_response(sock)
         assert status == 401
         keyed = raw.replace(b"Host: x\r\n", f"Host: x\r\nAuthorization: Bearer {KEY}\r\n".encode(), 1)
         before = rt.inputs_in_place
@@ -200,7 +182,7 @@ def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads(mode: s
             _wait_for(lambda: rt.receiving == 1)
             service.unload(MODEL)  # closes the runtime: raises if the region could not unmap
             sock.sendall(raw[len(raw) // 2 :])
-            status, _, body = _read_response(sock)
+            status, _, body = read_response(sock)
         assert status == 503, body
         assert b"unloaded" in body
         service.load(MODEL)

@@ -15,6 +15,7 @@ from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.service import ServeLimits
 from lumenrt.models.builtin import builtin_examples
 from lumenrt.protocols.http_headers import CONTINUE
+from tests.integration.flow_clients import read_response
 
 LIMITS = ServeLimits(max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=0.5, idle_timeout_s=1.0)
 
@@ -30,30 +31,6 @@ def server() -> Iterator[ServerThread]:
 
 def connect(server: ServerThread) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=10)
-
-
-def read_response(sock: socket.socket, buf: bytearray | None = None) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP response (status, lower-case headers, body); ``buf`` carries bytes read past it."""
-    buf = buf if buf is not None else bytearray()
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed before a whole response: {bytes(buf)!r}")
-        buf += chunk
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    length = int(headers["content-length"])
-    body = bytearray(rest)
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed inside a body")
-        body += chunk
-    del buf[:]
-    buf += body[length:]
-    return status, headers, bytes(body[:length])
 
 
 def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
