@@ -68,6 +68,7 @@ from lumenrt.engine.request import (
     StageTimes,
 )
 from lumenrt.engine.slot_layout import (
+    DATA_AT,
     SlotTooSmall,
     adopt_inputs,
     received_payload,
@@ -398,12 +399,10 @@ class ModelRuntime:
         arena = self.arena
         if arena is None or self.closed or self.receiving >= self._receiving_max:
             return None
+        if payload_bytes > arena.slot_bytes - DATA_AT:  # the slot's data area (received_payload)
+            return None
         slot = arena.try_alloc()
         if slot is None:
-            return None
-        room = len(received_payload(arena.view(slot)))
-        if payload_bytes > room:
-            arena.free(slot)
             return None
         # the one view of the slot lent (no other view shares it): releasing it at close lets the
         # region unmap (_revoke_lent)
