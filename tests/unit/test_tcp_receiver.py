@@ -1,8 +1,9 @@
 """The two frame readers, one test body each: FrameDecoder (``feed(bytes)``, the clients') and
 FrameReceiver (the server's: the transport reads into its buffer, ``get_buffer`` +
 ``buffer_updated``). Same frames for any chunking, pause/resume, errors; plus what only the
-receiver does: frames valid during the call only, big frames in a buffer of their exact size,
-no buffer for a size refused by the header."""
+receiver does: frames valid during the call only, big frames in a buffer of their exact size or
+received into lent memory (``payload_into``, the "lent" kind runs the shared bodies that way), no
+buffer for a size refused by the header."""
 
 from collections.abc import Callable
 from typing import Any
@@ -22,18 +23,41 @@ def snapshot(frame: Frame) -> Frame:
     )
 
 
+class Loan:
+    """Memory lent for one payload (tcp_receiver.Loan), counting its releases."""
+
+    def __init__(self, meta: bytes, nbytes: int) -> None:
+        self.meta = meta
+        self.memory = bytearray(nbytes)
+        self.payload = memoryview(self.memory)
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
 class Reader:
-    """``feed``/``pause``/``resume`` over either implementation; ``got``: snapshots of the frames."""
+    """``feed``/``pause``/``resume`` over either implementation; ``got``: snapshots of the frames;
+    kind "lent": the receiver with every big request's payload lent (``loans``)."""
 
     def __init__(self, kind: str, on_frame: Callable[[Frame], None] | None = None, **limits: int) -> None:
         self.got: list[Frame] = []
+        self.loans: list[Loan] = []
 
         def take(frame: Frame) -> None:
             self.got.append(snapshot(frame))
             if on_frame is not None:
                 on_frame(frame)
 
-        self.impl: Any = FrameDecoder(take, **limits) if kind == "decoder" else FrameReceiver(take, **limits)
+        def lend(meta: bytes, nbytes: int) -> Loan:
+            self.loans.append(Loan(meta, nbytes))
+            return self.loans[-1]
+
+        self.impl: Any = (
+            FrameDecoder(take, **limits)
+            if kind == "decoder"
+            else FrameReceiver(take, payload_into=lend if kind == "lent" else None, **limits)  # type: ignore[arg-type]
+        )
         self.kind = kind
 
     def feed(self, data: bytes) -> None:
@@ -51,7 +75,7 @@ class Reader:
                 return
 
 
-@pytest.fixture(params=["decoder", "receiver"])
+@pytest.fixture(params=["decoder", "receiver", "lent"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -83,6 +107,9 @@ def test_any_chunking_gives_the_same_frames(kind: str, size: int) -> None:
         r.feed(data[at : at + size])
     assert [(f.request_id, f.meta, bytes(f.payload)) for f in r.got] == expected()
     assert r.impl.frames == len(ids) and r.impl.buffered_bytes == 0
+    if kind == "lent":  # the one frame bigger than the buffer, lent once, released once
+        assert [(loan.meta, loan.released) for loan in r.loans] == [(expected()[2][1], 1)]
+        assert bytes(r.loans[0].memory) == expected()[2][2]
 
 
 def test_pause_holds_frames_until_resume(kind: str) -> None:
@@ -181,3 +208,97 @@ def test_a_paused_receiver_grows_only_by_what_is_read() -> None:
         view = view[n:]
     assert receiver.frames == 1 and receiver.buffered_bytes == len(frames) - len(request_frame(1, 400))
     assert len(receiver.get_buffer(-1)) <= len(frames)  # grown by what arrived, not more
+
+
+def big_request(rid: int) -> bytes:
+    return request_frame(rid, 3 * BUFFER_BYTES)
+
+
+def lending_receiver(got: list[Any], revoked: list[int] | None = None) -> tuple[FrameReceiver, list[Loan]]:
+    loans: list[Loan] = []
+
+    def lend(meta: bytes, nbytes: int) -> Loan:
+        loans.append(Loan(meta, nbytes))
+        return loans[-1]
+
+    receiver: FrameReceiver
+
+    def on_frame(frame: Frame) -> None:
+        got.append((frame.request_id, receiver.lent, bytes(frame.payload)))
+
+    receiver = FrameReceiver(
+        on_frame,
+        max_frame_bytes=1 << 24,
+        payload_into=lend,  # type: ignore[arg-type]
+        on_revoked=None if revoked is None else revoked.append,
+    )
+    return receiver, loans
+
+
+def write(receiver: FrameReceiver, data: bytes, piece: int = 1 << 30) -> None:
+    view = memoryview(data)
+    while view:
+        buf = receiver.get_buffer(-1)
+        n = min(len(buf), len(view), piece)
+        buf[:n] = view[:n]
+        receiver.buffer_updated(n)
+        view = view[n:]
+
+
+def test_a_lent_payload_is_read_straight_into_the_loan_given_during_the_call_then_released() -> None:
+    got: list[Any] = []
+    receiver, loans = lending_receiver(got)
+    frame = big_request(4)
+    write(receiver, frame[: tp.HEADER_BYTES])
+    assert not loans  # no metadata yet: nothing asked for
+    write(receiver, frame[tp.HEADER_BYTES :], piece=5000)
+    [loan] = loans
+    ((rid, lent, payload),) = got
+    assert rid == 4 and lent is loan and loan.released == 1  # given during the call, released after
+    assert payload == bytes(loan.memory) == frame[-len(loan.memory) :]
+    assert receiver.lent is None and receiver.buffered_bytes == 0
+
+
+def test_the_transport_writes_into_the_lent_memory_itself() -> None:
+    got: list[Any] = []
+    receiver, loans = lending_receiver(got)
+    frame = big_request(4)
+    write(receiver, frame[: len(frame) // 2])
+    [loan] = loans
+    buf = receiver.get_buffer(-1)
+    address = np.frombuffer(buf, np.uint8).ctypes.data
+    base = np.frombuffer(loan.memory, np.uint8).ctypes.data
+    assert base <= address < base + len(loan.memory)  # no buffer of the receiver's own between
+    assert receiver.buffered_bytes == len(frame) // 2
+
+
+def test_a_revoked_loan_reports_its_request_and_the_frames_after_it_still_come() -> None:
+    got: list[Any] = []
+    revoked: list[int] = []
+    receiver, loans = lending_receiver(got, revoked)
+    frame = big_request(4)
+    write(receiver, frame[: len(frame) // 2])
+    loans[0].payload.release()  # the model closed: its memory is taken back
+    write(receiver, frame[len(frame) // 2 :] + request_frame(5, 64))
+    assert revoked == [4] and loans[0].released == 1
+    assert [rid for rid, _, _ in got] == [5]
+
+
+def test_drop_releases_the_loan_in_progress_once() -> None:
+    """What the connection calls when it is lost or fails mid-frame."""
+    receiver, loans = lending_receiver([])
+    write(receiver, big_request(4)[:100_000])
+    assert receiver.buffered_bytes == 100_000
+    receiver.drop()
+    receiver.drop()
+    assert loans[0].released == 1 and receiver.buffered_bytes == 0
+
+
+def test_a_payload_nobody_lends_gets_the_receivers_own_buffer() -> None:
+    got: list[Any] = []
+    receiver = FrameReceiver(
+        lambda f: got.append(bytes(f.payload)), max_frame_bytes=1 << 24, payload_into=lambda meta, n: None
+    )
+    frame = big_request(4)
+    write(receiver, frame, piece=7000)
+    assert got == [bytes(frame[-3 * BUFFER_BYTES :])]

@@ -60,7 +60,6 @@ BUNDLED: dict[str, str] = {
     "python": "python_backend",
 }
 _unavailable: dict[str, str] = {}  # bundled backend name -> why it could not be imported
-_bundled_loaded = False
 
 
 def register(backend: Backend) -> Backend:
@@ -69,31 +68,33 @@ def register(backend: Backend) -> Backend:
 
 
 def get_backend(name: str, source: str = "<config>") -> Backend:
-    _load_builtin_backends()
+    """The backend ``name``; a bundled one is imported on first use, alone: a worker process of
+    a Python model does not import PyTorch or XGBoost (seconds of start-up and hundreds of MB)."""
     backend = REGISTRY.get(name)
     if backend is not None:
         return backend
+    if name in BUNDLED and name not in _unavailable:
+        _import_bundled(name)
+        backend = REGISTRY.get(name)
+        if backend is not None:
+            return backend
     if name in _unavailable:
         raise ConfigError(source, "backend", _unavailable[name])
-    known = ", ".join(sorted(REGISTRY)) or "none"
+    known = ", ".join(sorted(set(REGISTRY) | set(BUNDLED)))
     raise ConfigError(source, "backend", f"unknown backend {name!r} (known: {known})")
 
 
-def _load_builtin_backends() -> None:
-    """Import the bundled backends once (each registers itself); a missing optional library only
-    removes its backend, and ``get_backend`` then names the extra that brings it."""
-    global _bundled_loaded
-    if _bundled_loaded:
-        return
+def _import_bundled(name: str) -> None:
+    """Import one bundled backend (it registers itself); a missing optional library only removes
+    it, and ``get_backend`` then names the extra that brings it. A race only imports twice:
+    imports and these writes are idempotent."""
     import importlib
 
     from lumenrt.extras import MissingExtra, extra_providing
 
-    for name, module in BUNDLED.items():
-        try:
-            importlib.import_module(f"lumenrt.backends.{module}")
-        except ImportError as exc:
-            extra = extra_providing(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
-            why = MissingExtra(extra, (exc.name or extra,)) if extra else f"cannot be loaded: {exc}"
-            _unavailable[name] = f"{name!r} {why}"
-    _bundled_loaded = True  # a race only imports twice: imports and these writes are idempotent
+    try:
+        importlib.import_module(f"lumenrt.backends.{BUNDLED[name]}")
+    except ImportError as exc:
+        extra = extra_providing(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
+        why = MissingExtra(extra, (exc.name or extra,)) if extra else f"cannot be loaded: {exc}"
+        _unavailable[name] = f"{name!r} {why}"

@@ -9,10 +9,9 @@ bodies, a model without an arena, an unknown model, a client the gate would refu
 ordinary path.
 
 Invariants
-  1. A lent slot has exactly one owner at a time: the ``SlotBody`` until ``take`` hands it to the
-     runtime's admission (which then frees it or makes it the request's slot), else ``release``
-     returns it. Every path that drops a body (answered without the engine, refused, the
-     connection lost or failed mid-body) ends in ``release``; a second ``release`` does nothing.
+  1. A lent slot has exactly one owner at a time (lent_slot.py): the ``SlotBody`` until admission
+     takes it, else ``release`` returns it. Every path that drops a body (answered without the
+     engine, refused, the connection lost or failed mid-body) ends in ``release``.
   2. Nothing is lent before the body's size was checked (Content-Length against the body limit,
      in ``check_head``) and before the gate would let the client infer; a runtime lends at most
      a quarter of its slots, so slow senders cannot starve admitted requests.
@@ -23,7 +22,7 @@ Invariants
 from typing import Any
 from urllib.parse import unquote
 
-RECEIVE_IN_SLOT_MIN = 64 << 10  # guessed: a smaller payload arrives in one or two reads, no join worth it
+from lumenrt.ingress.lent_slot import LentSlot
 
 
 def infer_target(url: bytes) -> tuple[str, str | None] | None:
@@ -39,16 +38,14 @@ def infer_target(url: bytes) -> tuple[str, str | None] | None:
     return None
 
 
-class SlotBody:
+class SlotBody(LentSlot):
     """One body arriving into a lent slot: the first ``header_length`` bytes (the JSON header)
     into ``header``, the rest into ``payload`` in wire order."""
 
-    __slots__ = ("header", "header_length", "payload", "runtime", "seen", "slot")
+    __slots__ = ("header", "header_length", "seen")
 
     def __init__(self, runtime: Any, slot: int, payload: memoryview, header_length: int) -> None:
-        self.runtime = runtime
-        self.slot = slot
-        self.payload = payload  # exactly the body's length less the header's (receive_slot)
+        super().__init__(runtime, slot, payload)  # payload: the body's length less the header's
         self.header = bytearray()
         self.header_length = header_length
         self.seen = 0  # body bytes fed so far (the parser never feeds past Content-Length)
@@ -67,17 +64,3 @@ class SlotBody:
             return
         at = seen - head
         self.payload[at : at + len(chunk)] = chunk
-
-    def take(self, runtime: Any) -> int:
-        """The slot, for ``runtime``'s admission (invariant 1); -1 if it is another runtime's (the
-        model was reloaded meanwhile: the inputs are then copied, and the slot released after)."""
-        if runtime is not self.runtime or self.slot < 0:
-            return -1
-        slot, self.slot = self.slot, -1
-        return slot
-
-    def release(self) -> None:
-        """Back to the runtime, unless admission took it (invariant 1)."""
-        if self.slot >= 0:
-            slot, self.slot = self.slot, -1
-            self.runtime.return_slot(slot)

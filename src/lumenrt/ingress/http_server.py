@@ -51,7 +51,8 @@ import httptools
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.connection import Connection, Listener
 from lumenrt.ingress.errors import REASONS, as_server_error, not_found, unavailable
-from lumenrt.ingress.http_body import RECEIVE_IN_SLOT_MIN, SlotBody, infer_target
+from lumenrt.ingress.http_body import SlotBody, infer_target
+from lumenrt.ingress.lent_slot import RECEIVE_IN_SLOT_MIN
 from lumenrt.ingress.service import InferenceService, InferOutcome
 from lumenrt.ingress.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth

@@ -25,7 +25,9 @@ Invariants (flow control, timeouts, the sweeper and the shutdown order:
 Buffers: the connection's receiver (``lumenrt.protocols.tcp_receiver``) owns the buffer the kernel
 reads into; a request's input arrays are read-only views of it, valid while ``_on_frame`` runs:
 the lane runs the model on them before it returns, and ``service.submit`` copies them into an
-arena slot before it returns. An answer's tensors are joined into one buffer when small, else
+arena slot before it returns. A frame larger than that buffer, for a model with an arena, is
+received into a slot the model lends (``_payload_into``, lent_slot.py): admission then finds the
+inputs where they lie, and copies nothing. An answer's tensors are joined into one buffer when small, else
 written as views of the output arrays, which the transport holds until they are sent.
 
 Shutdown (``ServerApp.shutdown``, then ``Listener.close``): the service answers new requests with
@@ -41,6 +43,7 @@ from typing import Any
 from lumenrt.ingress.auth import ApiKey
 from lumenrt.ingress.connection import Connection, Listener
 from lumenrt.ingress.errors import as_server_error
+from lumenrt.ingress.lent_slot import RECEIVE_IN_SLOT_MIN, LentSlot
 from lumenrt.ingress.service import (
     InferenceService,
     InferOutcome,
@@ -141,7 +144,11 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         self.service = front.service
         limits = self.limits
         self.decoder = FrameReceiver(
-            self._on_frame, max_frame_bytes=limits.max_body_bytes, max_meta_bytes=limits.max_header_bytes
+            self._on_frame,
+            max_frame_bytes=limits.max_body_bytes,
+            max_meta_bytes=limits.max_header_bytes,
+            payload_into=self._payload_into,
+            on_revoked=self._revoked,
         )
         self._discard = memoryview(bytearray(4096))  # what a draining connection reads into
         self.in_flight = 0
@@ -181,6 +188,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         return self.in_flight > 0 and not self.draining  # True keeps the transport open to write
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.decoder.drop()  # a payload arriving into a lent slot: the slot goes back
         self._cancel_pending()
         super().connection_lost(exc)
 
@@ -266,7 +274,9 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         request = _Request(self, rid, timing, rt, outputs, self._received_ns, priority)
         self.pending.add(request)
         try:
-            self.service.submit(request, checked, timeout_s)
+            lent = self.decoder.lent  # the slot the payload arrived in, if one was lent
+            received = lent if isinstance(lent, LentSlot) else None
+            self.service.submit(request, checked, timeout_s, received=received)
         except ServerError as exc:  # refused at once: answered here, never called back
             self.pending.discard(request)
             self.in_flight -= 1
@@ -274,6 +284,29 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             return
         if self.in_flight >= MAX_IN_FLIGHT:
             self._pause_for_load()
+
+    def _payload_into(self, meta: bytes, payload_bytes: int) -> LentSlot | None:
+        """Where a large request frame's payload is received (tcp_receiver.py): a slot lent by its
+        model (lent_slot.py), when the metadata names a model with an arena that this connection
+        may use, and the payload is the inputs' total. Else None: the frame takes the ordinary
+        path, which answers what is wrong with it."""
+        service = self.service
+        if payload_bytes < RECEIVE_IN_SLOT_MIN or self.closing or not service.accepting:
+            return None
+        try:
+            plan = self.front.plan(meta)
+            if plan.meta.payload_bytes != payload_bytes:
+                return None
+            if service.gate is not None:
+                self._check_key()
+            rt = service.runtime(plan.meta.model, plan.meta.version or None)
+        except Exception:  # answered when the frame is delivered
+            return None
+        return LentSlot.borrow(rt, payload_bytes)
+
+    def _revoked(self, request_id: int) -> None:
+        """The model closed while a request's payload arrived into its slot (lent_slot.py)."""
+        self._reply_error(request_id, 503, "the model was unloaded while the request arrived")
 
     # ---- authentication and rate limits -------------------------------------------------------
 
@@ -362,6 +395,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             encode_error(exc.request_id, exc.status, exc.message, closing=True, version=exc.reply_version)
         )
         self.draining = self.closing = True  # from here on answers are dropped (the write side is shut)
+        self.decoder.drop()
         self.draining_since = self._clock()
         transport = self.transport
         if transport is None or transport.is_closing():

@@ -5,7 +5,8 @@ other half of ``asyncio.BufferedProtocol``: ``get_buffer()`` hands out the free 
 buffer owned by the connection, the transport ``recv_into``s it, and ``buffer_updated(n)``
 delivers the frames completed by those ``n`` bytes, in order. A request's bytes are copied once
 by the kernel into this buffer; arrays over the payload are views of it; the engine copies them
-once more into an arena slot when a request is queued (the lane reads them in place).
+once more into an arena slot when a request is queued (the lane reads them in place), unless the
+payload was received into that slot in the first place (``payload_into``, below).
 
 Buffers (owned by the receiver, reused for the connection's life)
   - ``_buf``: ``buffer_bytes`` (64 KiB) holding whole small frames and the start of the next one.
@@ -13,6 +14,12 @@ Buffers (owned by the receiver, reused for the connection's life)
     end is too small for the next read.
   - ``_big``: a frame larger than ``_buf``, allocated at its exact size once its header passed the
     limits (``max_frame_bytes``), filled by the transport directly, dropped once delivered.
+  - ``_lent``: for a request frame larger than ``_buf`` whose metadata is in, the memory
+    ``payload_into(meta, payload_bytes)`` lends, if it lends any (the server lends the model's
+    arena slot, ingress/lent_slot.py): the transport reads the payload straight into it, and no
+    ``_big`` is made. While ``on_frame`` runs for that frame, ``lent`` is the loan, for the
+    callee to take; the receiver releases it after the call (``release`` does nothing once taken)
+    and whenever the frame is dropped (``drop``, a fatal error).
 
 Invariants
   1. A frame handed to ``on_frame`` is valid only during that call: its ``data`` is a read-only
@@ -23,16 +30,30 @@ Invariants
      transport actually read (it stops reading once paused).
   3. Frames are delivered in order, exactly once; a fatal ProtocolError is raised once framing
      breaks (after the frames before it) and again by every later ``buffer_updated``.
+  4. A loan is released exactly once (above). If its memory is revoked while the payload arrives
+     (the model closed: slicing it raises ValueError), the rest of the payload is read into
+     ``_buf`` and dropped, and ``on_revoked(request_id)`` is called in the frame's place.
 """
 
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
-from lumenrt.protocols.tcp import HEADER_BYTES, MAX_PAYLOAD_BYTES, Frame, ProtocolError, read_header
+from lumenrt.protocols.tcp import HEADER_BYTES, MAX_PAYLOAD_BYTES, REQUEST, Frame, ProtocolError, read_header
 
 Header = tuple[int, int, int, int, int, int]  # kind, flags, request id, metadata, payload bytes, priority
 BUFFER_BYTES = 64 << 10  # guessed: holds many small frames per read; bigger frames get their own
 MIN_READ_BYTES = 4096  # guessed: the least free space handed to a read before compacting
+
+
+class Loan(Protocol):
+    """Memory lent to receive one frame's payload into (``payload_into``)."""
+
+    payload: memoryview  # exactly the payload's length; raises ValueError once revoked
+
+    def release(self) -> None: ...
+
+
+PayloadInto = Callable[[bytes, int], Loan | None]  # (metadata, payload bytes) -> where, or None
 
 
 class FrameReceiver:
@@ -45,14 +66,20 @@ class FrameReceiver:
         "_buf",
         "_end",
         "_error",
+        "_lent",
+        "_lent_meta",
+        "_lost",
         "_ro",
         "_start",
         "_view",
         "frames",
+        "lent",
         "max_frame_bytes",
         "max_meta_bytes",
         "on_frame",
+        "on_revoked",
         "paused",
+        "payload_into",
     )
 
     def __init__(
@@ -62,8 +89,12 @@ class FrameReceiver:
         max_frame_bytes: int = MAX_PAYLOAD_BYTES,
         max_meta_bytes: int = 1 << 20,
         buffer_bytes: int = BUFFER_BYTES,
+        payload_into: PayloadInto | None = None,
+        on_revoked: Callable[[int], None] | None = None,
     ) -> None:
         self.on_frame = on_frame
+        self.payload_into = payload_into
+        self.on_revoked = on_revoked
         self.max_frame_bytes = max_frame_bytes
         self.max_meta_bytes = max_meta_bytes
         self.frames = 0
@@ -77,16 +108,31 @@ class FrameReceiver:
         self._big_have = 0
         self._big_head: Header = (0, 0, 0, 0, 0, 0)  # its header, read when it started
         self._error: ProtocolError | None = None
+        self._lent: Loan | None = None  # memory lent for the payload being received (top)
+        self._lent_meta = b""  # that frame's metadata
+        self._lost = False  # the loan was revoked: the rest of its payload is dropped
+        self.lent: Loan | None = None  # the loan of the frame ``on_frame`` is given, during the call
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes of an incomplete frame (or of frames held while paused)."""
-        return self._end - self._start + self._big_have
+        held = HEADER_BYTES + len(self._lent_meta) if self._lent is not None else 0
+        return self._end - self._start + self._big_have + held
 
     # ---- the transport's side (asyncio.BufferedProtocol) ---------------------------------------
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
-        """Where the next read lands: the rest of a big frame, or the free end of ``_buf``."""
+        """Where the next read lands: the rest of a big frame or of a lent payload, or the free
+        end of ``_buf``."""
+        lent = self._lent
+        if lent is not None:
+            if not self._lost:
+                try:
+                    return lent.payload[self._big_have :]
+                except ValueError:  # revoked (invariant 4)
+                    self._lost = True
+            rest = self._big_head[4] - self._big_have
+            return self._view[: min(rest, len(self._view))]
         big = self._big
         if big is not None:
             return memoryview(big)[self._big_have :]
@@ -97,6 +143,11 @@ class FrameReceiver:
     def buffer_updated(self, nbytes: int) -> None:
         if self._error is not None:
             raise self._error
+        if self._lent is not None:
+            self._big_have += nbytes
+            if self._big_have == self._big_head[4] and not self.paused:
+                self._deliver_lent()
+            return
         if self._big is not None:
             self._big_have += nbytes
             if self._big_have == len(self._big) and not self.paused:
@@ -116,6 +167,10 @@ class FrameReceiver:
         self.paused = False
         if self._error is not None:
             return
+        if self._lent is not None:
+            if self._big_have == self._big_head[4]:
+                self._deliver_lent()
+            return
         if self._big is not None:
             if self._big_have == len(self._big):
                 self._deliver_big()
@@ -131,7 +186,13 @@ class FrameReceiver:
                 self._fail(err)
             need = HEADER_BYTES + head[3] + head[4]
             if end - pos < need:
-                if need > len(buf):  # larger than the buffer: its own, of exactly its size
+                if need > len(buf):  # larger than the buffer: lent memory, or its own buffer
+                    if self.payload_into is not None and head[0] == REQUEST:
+                        meta_end = pos + HEADER_BYTES + head[3]
+                        if end < meta_end and meta_end - pos <= len(buf):
+                            break  # the metadata first: it says where the payload goes
+                        if end >= meta_end and self._start_lent(pos, end, head):
+                            return
                     self._start_big(pos, end, need, head)
                     return
                 break
@@ -168,6 +229,51 @@ class FrameReceiver:
         self._big, self._big_have, self._big_head = big, have, head
         self._start = self._end = 0
 
+    def _start_lent(self, pos: int, end: int, head: Header) -> bool:
+        """Receive the payload of the frame at ``pos`` into lent memory, if ``payload_into``
+        lends any for its metadata; the payload bytes already read are copied there."""
+        assert self.payload_into is not None
+        at = pos + HEADER_BYTES + head[3]
+        meta = bytes(self._view[pos + HEADER_BYTES : at])
+        lent = self.payload_into(meta, head[4])
+        if lent is None:
+            return False
+        have = end - at
+        lent.payload[:have] = self._view[at:end]
+        self._lent, self._lent_meta, self._lost = lent, meta, False
+        self._big_head, self._big_have = head, have
+        self._start = self._end = 0
+        return True
+
+    def _deliver_lent(self) -> None:
+        """The lent payload is in: hand its frame over with ``lent`` set (invariant 4)."""
+        lent, meta = self._lent, self._lent_meta
+        assert lent is not None
+        kind, flags, rid, _, payload_len, priority = self._big_head
+        self._lent, self._lent_meta, self._big_have = None, b"", 0
+        self.frames += 1
+        try:
+            data = None if self._lost else lent.payload.toreadonly()
+        except ValueError:  # revoked while delivery was paused
+            data = None
+        self.lent = lent
+        try:
+            if data is None:
+                if self.on_revoked is not None:
+                    self.on_revoked(rid)
+            else:
+                self.on_frame(Frame(kind, flags, rid, meta, data, 0, payload_len, priority))
+        finally:
+            self.lent = None
+            lent.release()
+
+    def drop(self) -> None:
+        """The connection is done with: a loan in progress goes back (invariant 4)."""
+        lent, self._lent, self._lent_meta = self._lent, None, b""
+        if lent is not None:
+            self._big_have = 0
+            lent.release()
+
     def _deliver_big(self) -> None:
         big = self._big
         assert big is not None
@@ -191,5 +297,6 @@ class FrameReceiver:
     def _fail(self, err: ProtocolError) -> NoReturn:
         self._error = err
         self._start = self._end = 0
+        self.drop()
         self._big, self._big_have = None, 0
         raise err

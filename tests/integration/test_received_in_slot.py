@@ -1,7 +1,8 @@
-"""Large HTTP bodies received straight into the model's arena slot (ingress/http_body.py): the
-answer is the same as through the engine's own copy, the inputs are never copied again, and the
-lent slot comes back on every path (answered, refused, client gone mid-body, model unloaded
-mid-body). One body per worker mode, over real loopback sockets, with SqueezeNet's 600 KB input."""
+"""Large requests received straight into the model's arena slot (ingress/lent_slot.py): HTTP
+bodies (ingress/http_body.py) and TCP frame payloads (ingress/tcp_server.py). The answer is the same
+as through the engine's own copy, the inputs are never copied again, and the lent slot comes back
+on every path (answered, refused, client gone mid-request, model unloaded mid-request). Both front
+ends on one server per worker mode, over real loopback sockets, with SqueezeNet's 600 KB input."""
 
 import json
 import socket
@@ -11,11 +12,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from lumenrt.client import InferenceError, TcpClient
 from lumenrt.engine.engine import Engine
 from lumenrt.engine.server_config import EngineConfig
 from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.auth import Gate, KeySource
 from lumenrt.models.builtin import builtin_examples
+from lumenrt.protocols import tcp as tp
 from tests.integration.flow_clients import read_response
 
 MODEL = "squeezenet"
@@ -27,7 +30,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
     settings = EngineConfig(worker_mode=request.param, thread_count=1, pin=False)
     with (
         Engine(models=[MODEL], settings=settings) as engine,
-        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None)) as st,
+        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=0)) as st,
     ):
         yield st
 
@@ -173,7 +176,7 @@ def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads() -> No
     settings = EngineConfig(worker_mode="process", thread_count=1, pin=False)
     with (
         Engine(models=[MODEL], settings=settings) as engine,
-        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None)) as server,
+        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=0)) as server,
     ):
         service = server.app.service
         raw = _binary_request(_image())
@@ -190,3 +193,122 @@ def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads() -> No
         status, _, body = _exchange(server, _binary_request(_image()))
         assert status == 200, body[:300]
         _wait_for(lambda: _slots_back(server))
+        # the same over TCP: the frame's payload arriving into its slot
+        frame = _frame(7, _image())
+        with _tcp_socket(server) as sock:
+            sock.sendall(frame[: len(frame) // 2])
+            rt = engine.runtime(MODEL)
+            _wait_for(lambda: rt.receiving == 1)
+            service.unload(MODEL)
+            sock.sendall(frame[len(frame) // 2 :])
+            answer = _read_frame(sock)
+        assert (answer.kind, answer.request_id) == (tp.ERROR, 7)
+        error = tp.decode_error(answer.meta)
+        assert error.status == 503 and "unloaded" in error.message
+        service.load(MODEL)
+        with TcpClient(port=server.ports["tcp"]) as client:
+            assert client.infer(MODEL, {"data": _image()}).outputs["prob"].shape == (1, 1000)
+        _wait_for(lambda: _slots_back(server))
+
+
+# ---- TCP frames --------------------------------------------------------------------------------------
+
+
+def _frame(rid: int, x: np.ndarray, model: str = MODEL, datatype: np.dtype | None = None) -> bytes:
+    data = x if datatype is None else x.view(datatype)
+    return b"".join(bytes(p) for p in tp.encode_request(rid, model, {"data": data}))
+
+
+def _tcp_socket(server: ServerThread) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.ports["tcp"]), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _read_frame(sock: socket.socket) -> tp.Frame:
+    frames: list[tp.Frame] = []
+    decoder = tp.FrameDecoder(frames.append)
+    while not frames:
+        data = sock.recv(1 << 16)
+        assert data, "the server closed without answering"
+        decoder.feed(data)
+    return frames[0]
+
+
+def test_a_tcp_payload_received_in_its_slot_gives_the_engines_answer_and_is_not_copied_again(
+    server: ServerThread,
+) -> None:
+    engine = _engine(server)
+    x = _image()
+    expected = engine.infer(MODEL, {"data": x}).outputs["prob"]
+    rt = engine.runtime(MODEL)
+    before = rt.inputs_in_place
+    with TcpClient(port=server.ports["tcp"]) as client:
+        got = client.infer(MODEL, {"data": x}).outputs["prob"]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        assert rt.inputs_in_place == before + 1  # adopted where it was received
+        for _ in range(3):  # one connection, one slot lent at a time, every time
+            client.infer(MODEL, {"data": x})
+    assert rt.inputs_in_place == before + 4
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_a_tcp_request_its_checks_refuse_is_400_and_its_slot_comes_back(server: ServerThread) -> None:
+    """Lent (the metadata names the model and the payload adds up), then refused: INT32 is not
+    the input's datatype."""
+    rt = _engine(server).runtime(MODEL)
+    before = rt.inputs_in_place
+    with _tcp_socket(server) as sock:
+        sock.sendall(_frame(3, _image(), datatype=np.dtype(np.int32)))
+        answer = _read_frame(sock)
+    error = tp.decode_error(answer.meta)
+    assert answer.request_id == 3 and error.status == 400 and "data" in error.message
+    assert rt.inputs_in_place == before
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_a_tcp_request_for_an_unknown_model_is_404_and_lends_no_slot(server: ServerThread) -> None:
+    frame = _frame(5, _image(), model="nope")
+    rt = _engine(server).runtime(MODEL)
+    with _tcp_socket(server) as sock:
+        sock.sendall(frame[: len(frame) // 2])
+        time.sleep(0.2)
+        assert rt.receiving == 0
+        sock.sendall(frame[len(frame) // 2 :])
+        answer = _read_frame(sock)
+    assert tp.decode_error(answer.meta).status == 404
+    assert _slots_back(server)
+
+
+def test_a_tcp_client_gone_mid_frame_gives_its_slot_back(server: ServerThread) -> None:
+    frame = _frame(9, _image())
+    rt = _engine(server).runtime(MODEL)
+    with _tcp_socket(server) as sock:
+        _send_in_pieces(sock, frame[: len(frame) // 2])
+        _wait_for(lambda: rt.receiving == 1)  # lent while the payload arrives
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_a_tcp_connection_without_a_key_is_lent_no_slot(server: ServerThread) -> None:
+    service = server.app.service
+    doc = json.dumps({"keys": [{"name": "app", "key": KEY, "groups": ["inference"]}]})
+    service.gate = Gate(KeySource(env_text=doc))
+    rt = _engine(server).runtime(MODEL)
+    try:
+        frame = _frame(11, _image())
+        with _tcp_socket(server) as sock:
+            sock.sendall(frame[: len(frame) // 2])
+            time.sleep(0.2)
+            assert rt.receiving == 0  # nothing lent to a connection without a key
+            sock.sendall(frame[len(frame) // 2 :])
+            assert tp.decode_error(_read_frame(sock).meta).status == 401
+        before = rt.inputs_in_place
+        with TcpClient(port=server.ports["tcp"], api_key=KEY) as client:
+            client.infer(MODEL, {"data": _image()})
+        assert rt.inputs_in_place == before + 1
+        with TcpClient(port=server.ports["tcp"]) as client, pytest.raises(InferenceError) as info:
+            client.infer(MODEL, {"data": _image()})
+        assert info.value.status == 401
+    finally:
+        service.gate = None
+    _wait_for(lambda: _slots_back(server))
