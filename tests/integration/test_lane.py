@@ -3,6 +3,8 @@ in both worker modes and through every front end; the same outputs and statistic
 path; and the cases where it must hand the request to the queue instead."""
 
 import contextlib
+import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from lumenrt.engine.request import InvalidInput
 from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.models.builtin import builtin_examples
 from tests.integration import slow_model_state
+from tests.integration.flow_clients import read_response
 from tests.integration.test_engine import write_py_model
 
 MODEL = "digits_mlp"
@@ -62,6 +65,33 @@ def test_the_in_process_api_takes_the_lane_with_times_of_its_own(engine: Engine)
     assert first.times is not second.times and first.times is not rt.lane.times
     assert first.times.compute_end_ns > first.times.compute_start_ns > 0
     assert first.times.compute_start_ns <= second.times.compute_start_ns
+
+
+def _distinct(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"input": rng.random((1, 64), dtype=np.float32) * 16}
+
+
+def test_front_end_requests_run_on_bound_arrays_and_the_api_keeps_arrays_of_its_own(engine: Engine) -> None:
+    """lane.py invariant 5: a front end's one-row request (no ``times``) answers in the lane's
+    bound arrays, the same each time and right for each input; ``Engine.infer`` gets arrays that
+    a later request does not overwrite."""
+    rt = engine.runtime(MODEL)
+    assert rt.lane.describe()["bound"] is True  # digits_mlp's outputs are [batch, 10] and [batch]
+    want = [engine.infer(MODEL, _distinct(i)).outputs for i in range(4)]
+    kept = {k: v.copy() for k, v in want[0].items()}
+    seen: set[int] = set()
+    for i in range(4):
+        got = rt.run_inline(_distinct(i))
+        assert got is not None
+        seen.update(id(a) for a in got.values())
+        for name, value in want[i].items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-6)
+    assert len(seen) == 2  # two outputs, the same two arrays every time
+    for name, value in kept.items():  # the API's first answer is untouched by what ran after
+        np.testing.assert_array_equal(want[0][name], value)
+    rows = rt.run_inline(builtin_examples(MODEL, 3))  # three rows: not the bound shape
+    assert rows is not None and id(rows["probabilities"]) not in seen
 
 
 def test_inline_refuses_bad_input_naming_it(engine: Engine) -> None:
@@ -193,6 +223,50 @@ def test_front_ends_answer_on_the_lane(engine: Engine, server: ServerThread) -> 
     assert got_tcp.timing["queue_ns"] == 0 and got_tcp.timing["compute_ns"] > 0  # never queued
     assert stats["lumenrt"]["lane"]["active"] is True
     assert config["parameters"]["lumenrt_lane"]["string_value"] == "inline"
+
+
+def test_pipelined_answers_each_carry_their_own_inputs_result(engine: Engine, server: ServerThread) -> None:
+    """Many one-row requests sent before any answer is read, over TCP and HTTP: those the lane
+    runs answer in its reused arrays, so each answer must have been copied out before the next
+    ran (lane.py invariant 5); every answer matches its own input."""
+    n = 64
+    want = [engine.infer(MODEL, _distinct(i)).outputs["probabilities"] for i in range(n)]
+    lane_before = engine.runtime(MODEL).lane.stats.requests
+    with TcpClient("127.0.0.1", server.ports["tcp"]) as tcp:
+        ids = [tcp.send(MODEL, _distinct(i)) for i in range(n)]
+        for i, rid in enumerate(ids):
+            np.testing.assert_allclose(tcp.recv(rid).outputs["probabilities"], want[i], rtol=1e-6)
+    requests = []
+    for i in range(n):
+        x = _distinct(i)["input"]
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "datatype": "FP32",
+                        "shape": [1, 64],
+                        "parameters": {"binary_data_size": x.nbytes},
+                    }
+                ],
+                "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        body = header + x.tobytes()
+        requests.append(
+            f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\n\r\n".encode()
+            + body
+        )
+    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=WAIT_S) as sock:
+        sock.sendall(b"".join(requests))
+        buf = bytearray()
+        for i in range(n):
+            status, headers, answer = read_response(sock, buf)
+            assert status == 200, answer[:200]
+            at = int(headers["inference-header-content-length"])
+            np.testing.assert_allclose(np.frombuffer(answer[at:], np.float32), want[i].ravel(), rtol=1e-6)
+    assert engine.runtime(MODEL).lane.stats.requests > lane_before  # some ran on the lane
 
 
 def test_front_ends_name_the_field_on_the_lane(server: ServerThread) -> None:

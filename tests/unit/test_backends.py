@@ -538,3 +538,47 @@ def _no_user_modules_left() -> Iterator[None]:
     yield
     after = {name for name in sys.modules if name.startswith("lumenrt_python_model_")}
     assert after <= before, f"python model modules left imported: {sorted(after - before)}"
+
+
+# ---- ONNX Runtime: a run bound to arrays of one shape (the inline lane's, lane.py invariant 5) ------
+
+
+def test_a_bound_run_answers_as_run_in_the_same_arrays_each_time(tmp_path: Path) -> None:
+    case = build_onnx(tmp_path)
+    session = _load(case)
+    try:
+        bound = session.bind({"x": (2, 4)}, 2)
+        assert bound is not None
+        assert {k: v.shape for k, v in bound.outputs.items()} == {"y": (2, 3), "s": (2,)}
+        first = None
+        for rows in (case.inputs["x"][:2], case.inputs["x"][3:5]):
+            bound.inputs["x"][...] = rows
+            got = bound()
+            first = first or {k: id(v) for k, v in got.items()}
+            assert {k: id(v) for k, v in got.items()} == first  # no new arrays
+            for name, value in case.reference({"x": rows}).items():
+                np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6)
+        assert session.bind({"y": (2, 4)}, 2) is None  # not the model's inputs
+    finally:
+        session.close()
+
+
+def test_no_bound_run_when_an_outputs_shape_is_not_fixed_by_the_inputs(tmp_path: Path) -> None:
+    """An output with a symbolic dim other than the batch dim (here ``K``): its size is known only
+    once the model has run."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "free",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "K"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "K"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = _version_dir(tmp_path) / "model.onnx"
+    onnx.save(model, str(path))
+    config = _config("onnxruntime", (TensorSpec("x", "FP32", (-1,)),), (TensorSpec("y", "FP32", (-1,)),))
+    session = get_backend("onnxruntime").load(path, config, ONE_CORE)
+    try:
+        assert session.bind({"x": (1, 3)}, 1) is None
+    finally:
+        session.close()

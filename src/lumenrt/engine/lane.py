@@ -33,6 +33,15 @@ Invariants
   4. No allocation of its own per request: the stage times are one object reset per request (read
      before the next ``run``), the statistics plain ints; what remains is the backend's call and
      its output arrays.
+  5. Bound outputs (ONNX Runtime, ``OnnxRuntimeSession.bind``): for a front end's request (``run``
+     without ``times``) of one row, the inputs are copied into arrays bound to the lane's session
+     and the outputs come back in arrays bound to it too, the same every time: like the stage
+     times, valid until the lane's next request. The front ends encode the answer (a copy) before
+     they serve another; the in-process API (``Engine.infer``, which passes its own ``times``) gets
+     arrays of its own. Only where the outputs' shapes follow from the inputs' and the answer is at
+     most ``BOUND_MAX_BYTES``, so that every encoder copies it into what it writes and no transport
+     holds a view of these arrays past the call: the TCP encoder joins frames under 64 KiB, and
+     HTTP's ``to_raw`` copies arrays of up to ``SMALL_COPY_BYTES`` (protocols/raw.py).
 """
 
 import time
@@ -46,13 +55,15 @@ from lumenrt.backends.base import Backend, BackendSession, Placement
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS
 from lumenrt.engine.request import Array, EngineError, StageTimes
-from lumenrt.engine.validate import validate_inputs
+from lumenrt.engine.validate import InputCheck
 from lumenrt.engine.worker import WorkerStats, zeros_for
+from lumenrt.protocols.raw import SMALL_COPY_BYTES
 
 AUTO_BACKENDS = ("onnxruntime", "xgboost", "pytorch")  # compute only, GIL released while they run
 PROBE_RUNS = 50  # batch-1 runs timed at load for ``auto`` (after the model's warm-up)
 PROBE_GIVE_UP = 10  # ... fewer when 3 runs all took over this many times lane_max_us
 CLOSE_WAIT_S = 30.0  # close(): how long a request running on the lane may take to finish
+BOUND_MAX_BYTES = SMALL_COPY_BYTES  # invariant 5: answers the encoders always copy
 
 
 class InlineLane:
@@ -82,7 +93,9 @@ class InlineLane:
         self._backend = backend
         self._model_path = model_path
         self._session: BackendSession | None = None
+        self._bound: Any = None  # the session bound to arrays for one row (invariant 5), or None
         self._token: deque[bool] = deque([True])  # invariant 2
+        self._check_inputs = InputCheck(config)
 
     @property
     def active(self) -> bool:
@@ -115,7 +128,31 @@ class InlineLane:
         if self.mode == "auto" and self.probe_us > self.max_us:
             session.close()
             return
+        self._bound = self._bind(session)
         self._session = session
+
+    def _bind(self, session: BackendSession) -> Any:
+        """The session bound for a one-row request (invariant 5), if its backend can and the
+        bound run answers as the plain one does; else None."""
+        bind = getattr(session, "bind", None)
+        if not callable(bind):
+            return None
+        zeros = zeros_for(self.config, 1)
+        rows = 1 if self.config.max_batch_size > 0 else None
+        try:
+            bound = bind({name: a.shape for name, a in zeros.items()}, rows)
+            if bound is None or sum(a.nbytes for a in bound.outputs.values()) > BOUND_MAX_BYTES:
+                return None
+            plain = session.run(zeros)
+            for name, a in zeros.items():
+                bound.inputs[name][...] = a
+            got = bound()
+        except Exception:  # the plain run serves: binding is only a saving
+            return None
+        same = set(got) == set(plain) and all(
+            got[k].shape == plain[k].shape and got[k].dtype == plain[k].dtype for k in plain
+        )
+        return bound if same else None
 
     def close(self) -> None:
         """No request runs on the lane from here on; one running now finishes first (its token
@@ -124,6 +161,7 @@ class InlineLane:
         session, self._session = self._session, None
         if session is None:
             return
+        bound = self._bound
         deadline = time.monotonic() + CLOSE_WAIT_S
         while True:
             try:
@@ -133,6 +171,8 @@ class InlineLane:
                 if time.monotonic() > deadline:
                     break  # it hangs in the model: close anyway (that request fails)
                 time.sleep(0.001)
+        if bound is self._bound:
+            self._bound = None  # it refers to the session
         session.close()
 
     def run(
@@ -155,16 +195,25 @@ class InlineLane:
             session = self._session  # read under the token: close() cannot pull it away now
             if session is None:
                 return None
-            return self._run(session, inputs, self.times if times is None else times)
+            if times is None:
+                return self._run(session, inputs, self.times, self._bound)
+            return self._run(session, inputs, times, None)
         finally:
             self._token.append(token)
 
-    def _run(self, session: BackendSession, inputs: Mapping[str, Any], times: StageTimes) -> dict[str, Array]:
+    def _run(
+        self, session: BackendSession, inputs: Mapping[str, Any], times: StageTimes, bound: Any
+    ) -> dict[str, Array]:
         t0 = time.monotonic_ns()
-        arrays, rows = validate_inputs(self.config, inputs)
+        arrays, rows = self._check_inputs(inputs)
         t1 = time.monotonic_ns()
         try:
-            outputs = session.run(arrays)
+            if bound is not None and _fits(bound.inputs, arrays):
+                for name, buffer in bound.inputs.items():
+                    buffer[...] = arrays[name]
+                outputs: dict[str, Array] = bound()
+            else:
+                outputs = session.run(arrays)
         except Exception as e:
             self.stats.failures += 1
             error = EngineError(f"model {self.config.name!r} failed: {type(e).__name__}: {e}")
@@ -194,7 +243,17 @@ class InlineLane:
         return {
             "mode": self.mode,
             "active": self.active,
+            "bound": self._bound is not None,  # one-row requests run on bound arrays (invariant 5)
             "probe_us": round(self.probe_us, 2),
             "max_us": self.max_us,
             "requests": self.stats.requests,
         }
+
+
+def _fits(buffers: dict[str, Array], arrays: Mapping[str, Array]) -> bool:
+    """Every input has its bound array's shape and dtype (invariant 5)."""
+    for name, buffer in buffers.items():
+        a = arrays[name]
+        if a.shape != buffer.shape or a.dtype != buffer.dtype:
+            return False
+    return True

@@ -76,7 +76,7 @@ from lumenrt.engine.slot_layout import (
     write_inputs,
 )
 from lumenrt.engine.thread_pool import ThreadPool
-from lumenrt.engine.validate import validate_inputs
+from lumenrt.engine.validate import InputCheck
 from lumenrt.engine.worker import WorkerStats
 from lumenrt.native import (
     Latches,
@@ -139,6 +139,7 @@ class ModelRuntime:
         options: RuntimeOptions,
     ) -> None:
         self.config, self.version, self.options = config, version, options
+        self._check_inputs = InputCheck(config)  # validate_inputs, worked out once for the config
         self.model_id = 0  # set by the engine: index used by async completions
         db = config.dynamic_batching
         self.levels = db.levels if db is not None else 1
@@ -472,7 +473,7 @@ class ModelRuntime:
                 f"(dynamic_batching.priority_levels), got {priority!r}"
             )
         level = db.level_of(priority) if db is not None else 1
-        arrays, rows = validate_inputs(config, inputs)
+        arrays, rows = self._check_inputs(inputs)
         level_max = self._level_max[level - 1]
         if len(self.level_rings[level - 1]) >= level_max:
             self.rejected += 1

@@ -2,6 +2,12 @@
 
 Every problem is an InvalidInput naming the input and what was expected; nothing is copied or
 queued for a request that fails here.
+
+``InputCheck`` is the same check with what the config fixes worked out once per model (names,
+dtypes, dims): a request whose inputs are already a dict of arrays in the config's order (what
+the front ends pass) costs a few comparisons and no new objects but the shapes numpy makes, and
+its dict is returned as it is; anything else is handed to ``validate_inputs``, which converts, puts
+the inputs in the config's order (the slot layout's), or names what is wrong.
 """
 
 from collections.abc import Mapping
@@ -71,3 +77,50 @@ def validate_inputs(config: ModelConfig, inputs: Mapping[str, Any]) -> tuple[dic
             rows = n
         arrays[spec.name] = array
     return arrays, max(rows, 1)
+
+
+class InputCheck:
+    """``validate_inputs`` for one config, worked out once (see the top)."""
+
+    __slots__ = ("_batched", "_config", "_max_rows", "_specs")
+
+    def __init__(self, config: ModelConfig) -> None:
+        self._config = config
+        self._batched = config.max_batch_size > 0
+        self._max_rows = config.max_batch_size
+        # name, numpy dtype, non-batch dims (None when one is variable), rank, BYTES
+        self._specs = tuple(
+            (
+                spec.name,
+                numpy_dtype(spec.datatype),
+                None if -1 in spec.dims else spec.dims,
+                len(spec.dims) + (1 if self._batched else 0),
+                spec.datatype == "BYTES",
+            )
+            for spec in config.inputs
+        )
+
+    def __call__(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Array], int]:
+        """As ``validate_inputs(config, inputs)``."""
+        if type(inputs) is not dict or len(inputs) != len(self._specs):
+            return validate_inputs(self._config, inputs)
+        rows = -1
+        for (name, want, dims, rank, is_bytes), given in zip(self._specs, inputs, strict=True):
+            array = inputs[given]
+            if (
+                given != name
+                or type(array) is not np.ndarray
+                or array.dtype != want
+                or array.ndim != rank
+                or is_bytes
+            ):
+                return validate_inputs(self._config, inputs)  # converts, or names what is wrong
+            shape = array.shape
+            if self._batched:
+                n = shape[0]
+                if dims is None or shape[1:] != dims or not 0 < n <= self._max_rows or rows not in (-1, n):
+                    return validate_inputs(self._config, inputs)
+                rows = n
+            elif dims is None or shape != dims:
+                return validate_inputs(self._config, inputs)
+        return inputs, max(rows, 1)
