@@ -10,7 +10,10 @@ digits_mlp, batch 1, in one run on this machine:
    gRPC (one grpc channel, the generated ModelInfer stub), FastAPI with the same ONNX session
    inline (``benchmarks/peers/fastapi_app.py`` under uvicorn, one worker, raw bytes, keep-alive
    ``http.client``) and, with ``--baseline-python``, the same three lumenrt rows from another
-   install (e.g. the commit before a change). Rows are measured in interleaved blocks, ``--repeats``
+   install (e.g. the commit before a change), and a **grpcio echo floor**: a grpc.aio server on
+   uvloop that answers ModelInfer with lumenrt's serialized answer without decoding the request,
+   through the same client as the gRPC row (what grpcio alone costs a round trip; HTTP's floor is
+   the echo above). Rows are measured in interleaved blocks, ``--repeats``
    rounds; each figure is the median of the rounds' p50 (p99).
 2. **Stages** of one TCP request from the server's own timestamps (the timing flag): engine time
    (received -> completed), queue, batch, compute, return; the rest of the round trip is the
@@ -134,6 +137,57 @@ def grpc_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[
         request.inputs.add(name=name, datatype="FP32", shape=list(array.shape))
         request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
     return (lambda n: _timed(lambda: call(request, timeout=30), n)), channel.close
+
+
+def _grpc_echo_main(pipe: Any, response: bytes) -> None:
+    """A grpc.aio server on uvloop, as lumenrt's, whose ModelInfer answers a prebuilt response
+    without decoding the request: what grpcio itself costs a round trip."""
+    import asyncio
+
+    import grpc
+    import uvloop
+
+    async def model_infer(request: bytes, context: Any) -> bytes:
+        return response
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(
+            model_infer, request_deserializer=bytes, response_serializer=bytes
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler}),)
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        pipe.send(port)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_reader(pipe.fileno(), stop.set)
+        await stop.wait()
+        await server.stop(0)
+
+    uvloop.run(main())
+
+
+def grpc_echo_response(port: int, inputs: dict[str, Any]) -> bytes:
+    """The serialized answer lumenrt's gRPC front end gives ``inputs`` (the echo floor sends it)."""
+    import grpc
+    import lumenrt.protocols.proto.grpc_service_pb2 as pb
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=pb.ModelInferRequest.SerializeToString,
+        response_deserializer=bytes,
+    )
+    request = pb.ModelInferRequest(model_name=MODEL)
+    for name, array in inputs.items():
+        request.inputs.add(name=name, datatype="FP32", shape=list(array.shape))
+        request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    try:
+        return bytes(call(request, timeout=30))
+    finally:
+        channel.close()
 
 
 # ---- servers ------------------------------------------------------------------------------------
@@ -414,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(echo.stop)
             echo_request = bytes(req_bytes)
             rows["echo floor"] = lambda n: _measure_echo(echo.port, echo_request, resp_bytes, n, 0)
+            grpc_answer = grpc_echo_response(running["lumenrt"].ports["grpc"], inputs)
+            grpc_echo = _Child(_grpc_echo_main, (grpc_answer,), "lumenrt-grpc-echo")
+            stack.callback(grpc_echo.stop)
+            measure, close = grpc_measure(grpc_echo.port, inputs)
+            rows["grpcio echo floor"] = measure
+            closers.append(close)
             for label, server in running.items():
                 for proto, make in (
                     ("TCP", tcp_measure),
@@ -440,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
                 ratios["tcp_p50_over_fastapi"] = round(rtt["lumenrt TCP"]["p50_us"] / fa, 3)
                 ratios["http_p50_over_fastapi"] = round(rtt["lumenrt HTTP binary"]["p50_us"] / fa, 3)
             ratios["tcp_p50_over_echo"] = round(rtt["lumenrt TCP"]["p50_us"] / rtt["echo floor"]["p50_us"], 3)
+            ratios["grpc_p50_over_http"] = round(
+                rtt["lumenrt gRPC"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
+            )
+            ratios["grpcio_echo_p50_over_http"] = round(
+                rtt["grpcio echo floor"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
+            )
             for proto in ("TCP", "HTTP binary", "gRPC"):
                 r = rtt[f"lumenrt {proto}"]
                 ratios[f"{proto} p99/p50"] = round(r["p99_us"] / r["p50_us"], 3)

@@ -62,6 +62,7 @@ from lumenrt.protocols.parameters import check_bool, refuse_load_parameters
 
 MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading pauses (guessed)
 HEADER_LENGTH = b"inference-header-content-length"
+JOIN_BELOW_BYTES = 64 << 10  # a smaller answer is joined into one buffer (one write)
 _JSON = b"application/json"
 _OCTETS = b"application/octet-stream"
 
@@ -472,8 +473,10 @@ class HttpConnection(Connection, asyncio.Protocol):
         elif http_10:
             head.append(b"connection: keep-alive\r\n")
         head.append(b"\r\n")
-        if isinstance(body, list):
-            self.transport.writelines([b"".join(head), *body])
+        if isinstance(body, list) and length >= JOIN_BELOW_BYTES:
+            self.transport.writelines([b"".join(head), *body])  # the transport holds the views
+        elif isinstance(body, list):
+            self.transport.write(b"".join([*head, *body]))  # one buffer: one copy, one write
         else:
             head.append(body)
             self.transport.write(b"".join(head))
