@@ -140,6 +140,7 @@ class ModelRuntime:
     ) -> None:
         self.config, self.version, self.options = config, version, options
         self._check_inputs = InputCheck(config)  # validate_inputs, worked out once for the config
+        self.input_specs = {spec.name: spec for spec in config.inputs}  # the front ends' name check
         self.model_id = 0  # set by the engine: index used by async completions
         db = config.dynamic_batching
         self.levels = db.levels if db is not None else 1

@@ -454,18 +454,15 @@ class HttpConnection(Connection, asyncio.Protocol):
             return
         body = response.body
         if isinstance(body, list):
-            length = sum(len(c) if isinstance(c, bytes) else c.nbytes for c in body)
+            length = 0
+            for chunk in body:
+                length += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
         else:
             length = len(body)
-        head = [
-            b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
-            % (
-                response.status,
-                REASONS.get(response.status, "Unknown").encode(),
-                response.content_type,
-                length,
-            )
-        ]
+        line = _STATUS_LINES.get((response.status, response.content_type))
+        if line is None:
+            line = _status_line(response.status, response.content_type)
+        head = [b"%scontent-length: %d\r\n" % (line, length)]
         for name, value in response.extra_headers:
             head.append(b"%s: %s\r\n" % (name, value))
         if not keep_alive:
@@ -484,11 +481,39 @@ class HttpConnection(Connection, asyncio.Protocol):
             self.close()
 
 
+# (status, content type) -> the response's first two lines, made once per pair
+_STATUS_LINES: dict[tuple[int, bytes], bytes] = {}
+
+
+def _status_line(status: int, content_type: bytes) -> bytes:
+    line = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n" % (
+        status,
+        REASONS.get(status, "Unknown").encode(),
+        content_type,
+    )
+    if len(_STATUS_LINES) < 256:  # a handful of statuses and types: bounded all the same
+        _STATUS_LINES[(status, content_type)] = line
+    return line
+
+
 # ---- routing ----------------------------------------------------------------------------------------
+
+
+# request path -> (model, version) of the infer routes seen: a client sends the same path again
+# and again, so it is taken apart once (bounded: cleared when full; long paths are not kept)
+_INFER_ROUTES: dict[str, tuple[str, str | None]] = {}
+INFER_ROUTES_MAX = 1024
+INFER_ROUTE_MAX_CHARS = 256
 
 
 def route(service: InferenceService, req: HttpRequest) -> Any:
     """A Response, or a coroutine that produces one (inference, repository actions)."""
+    target = _INFER_ROUTES.get(req.path)
+    if target is not None:  # the same checks as below, in the same order
+        if service.gate is not None:
+            _allow(service.gate, req, "inference")
+        _method(req.method == b"POST", req, "POST")
+        return _infer(service, req, *target)
     path = req.path.split("?", 1)[0]
     if "%" in path:
         path = unquote(path)
@@ -538,6 +563,10 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
         _allow(gate, req, _GROUPS[action])
     if action == "infer":
         _method(post, req, "POST")
+        if len(req.path) <= INFER_ROUTE_MAX_CHARS:
+            if len(_INFER_ROUTES) >= INFER_ROUTES_MAX:
+                _INFER_ROUTES.clear()
+            _INFER_ROUTES[req.path] = (name, version)
         return _infer(service, req, name, version)
     if action == "":
         _method(get, req, "GET")

@@ -373,7 +373,9 @@ class InferenceService:
         """The wire inputs as the engine's input mapping; names and datatypes checked against the
         model config (shapes are checked by the engine)."""
         cfg = rt.config
-        specs = {s.name: s for s in cfg.inputs}
+        specs = getattr(rt, "input_specs", None)  # ModelRuntime's, made once
+        if specs is None:
+            specs = {s.name: s for s in cfg.inputs}
         arrays: dict[str, Array] = {}
         for wi in inputs:
             spec = specs.get(wi.name)
