@@ -175,9 +175,21 @@ def test_request_encoder_writes_what_encode_request_writes() -> None:
 
 
 def test_response_encoder_writes_what_encode_response_writes() -> None:
+    """Its short way for small plain arrays and its general way alike (strided, Fortran-order,
+    big-endian, BYTES and non-array outputs take the general one)."""
     enc = tp.ResponseEncoder()
     outs = [("p", EXAMPLES["FP32"]), ("l", EXAMPLES["INT64"])]
-    for rid, (outputs, timing) in enumerate([(outs, None), (outs, [1, 2, 3, 4, 5, 6]), (outs[:1], None)] * 2):
+    grid = np.arange(24, dtype=np.float32).reshape(4, 6)
+    others = [
+        [("s", grid[:, ::2])],  # strided: no simple buffer
+        [("f", np.asfortranarray(grid))],
+        [("b", grid.astype(">f4"))],  # big-endian: converted
+        [("t", EXAMPLES["BYTES"])],
+        [("v", [1.5, 2.5])],  # not an array
+        [("p", EXAMPLES["FP32"] + 1)],  # same signature, other values
+    ]
+    cases = [(outs, None), (outs, [1, 2, 3, 4, 5, 6]), (outs[:1], None), *((o, None) for o in others)]
+    for rid, (outputs, timing) in enumerate(cases * 2):
         got = enc.encode(rid, "m", 3, outputs, timing)
         want = tp.encode_response(rid, "m", 3, outputs, timing)
         assert b"".join(bytes(p) for p in got) == b"".join(bytes(p) for p in want)
