@@ -3,7 +3,6 @@ in both worker modes and through every front end; the same outputs and statistic
 path; and the cases where it must hand the request to the queue instead."""
 
 import contextlib
-import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from lumenrt.client import HttpClient, InferenceError, TcpClient
+from lumenrt.client.http import encode_infer
 from lumenrt.engine.config import ConfigError
 from lumenrt.engine.engine import Engine, EngineConfig
 from lumenrt.engine.request import InvalidInput
@@ -238,25 +238,11 @@ def test_pipelined_answers_each_carry_their_own_inputs_result(engine: Engine, se
             np.testing.assert_allclose(tcp.recv(rid).outputs["probabilities"], want[i], rtol=1e-6)
     requests = []
     for i in range(n):
-        x = _distinct(i)["input"]
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "datatype": "FP32",
-                        "shape": [1, 64],
-                        "parameters": {"binary_data_size": x.nbytes},
-                    }
-                ],
-                "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
-            }
-        ).encode()
-        body = header + x.tobytes()
+        req = encode_infer(MODEL, _distinct(i), outputs=["probabilities"])
+        head = "".join(f"{k}: {v}\r\n" for k, v in req.headers.items())
         requests.append(
-            f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\n\r\n".encode()
-            + body
+            f"POST {req.path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req.body)}\r\n{head}\r\n".encode()
+            + req.body
         )
     with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=WAIT_S) as sock:
         sock.sendall(b"".join(requests))

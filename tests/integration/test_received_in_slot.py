@@ -4,6 +4,7 @@ as through the engine's own copy, the inputs are never copied again, and the len
 on every path (answered, refused, client gone mid-request, model unloaded mid-request). Both front
 ends on one server per worker mode, over real loopback sockets, with SqueezeNet's 600 KB input."""
 
+import contextlib
 import json
 import socket
 import time
@@ -144,11 +145,20 @@ def test_a_client_gone_mid_body_gives_its_slot_back(server: ServerThread) -> Non
     _wait_for(lambda: _slots_back(server))
 
 
-def test_a_client_the_gate_refuses_is_lent_no_slot(server: ServerThread) -> None:
+@contextlib.contextmanager
+def _keys_required(server: ServerThread) -> Iterator[None]:
+    """The server asks for an API key (``KEY``) to infer while the block runs."""
     service = server.app.service
     doc = json.dumps({"keys": [{"name": "app", "key": KEY, "groups": ["inference"]}]})
     service.gate = Gate(KeySource(env_text=doc))
     try:
+        yield
+    finally:
+        service.gate = None
+
+
+def test_a_client_the_gate_refuses_is_lent_no_slot(server: ServerThread) -> None:
+    with _keys_required(server):
         raw = _binary_request(_image())
         rt = _engine(server).runtime(MODEL)
         with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
@@ -163,8 +173,6 @@ def test_a_client_the_gate_refuses_is_lent_no_slot(server: ServerThread) -> None
         status, _, body = _exchange(server, keyed)
         assert status == 200, body[:300]
         assert rt.inputs_in_place == before + 1
-    finally:
-        service.gate = None
     _wait_for(lambda: _slots_back(server))
 
 
@@ -290,11 +298,8 @@ def test_a_tcp_client_gone_mid_frame_gives_its_slot_back(server: ServerThread) -
 
 
 def test_a_tcp_connection_without_a_key_is_lent_no_slot(server: ServerThread) -> None:
-    service = server.app.service
-    doc = json.dumps({"keys": [{"name": "app", "key": KEY, "groups": ["inference"]}]})
-    service.gate = Gate(KeySource(env_text=doc))
     rt = _engine(server).runtime(MODEL)
-    try:
+    with _keys_required(server):
         frame = _frame(11, _image())
         with _tcp_socket(server) as sock:
             sock.sendall(frame[: len(frame) // 2])
@@ -309,6 +314,4 @@ def test_a_tcp_connection_without_a_key_is_lent_no_slot(server: ServerThread) ->
         with TcpClient(port=server.ports["tcp"]) as client, pytest.raises(InferenceError) as info:
             client.infer(MODEL, {"data": _image()})
         assert info.value.status == 401
-    finally:
-        service.gate = None
     _wait_for(lambda: _slots_back(server))
