@@ -55,6 +55,16 @@ COMMANDS: tuple[Command, ...] = (
         "lumenrt.ingress.serve:run_from_args",
     ),
     Command(
+        ("topology",),
+        "show the machine as placement sees it: NUMA nodes, cores, caches, affinity, cgroup limits",
+        "Read sysfs and procfs (no root needed): NUMA nodes with their CPUs, memory and distances, "
+        "physical cores and SMT siblings, the CPUs sharing each L3, this process's affinity, its "
+        "cgroup's cpuset and CPU quota, isolated CPUs; then the CPUs placement may use and how many "
+        "threads it may keep busy at once. --json for a machine-readable form.",
+        "lumenrt.placement.topology_cli:add_arguments",
+        "lumenrt.placement.topology_cli:run_from_args",
+    ),
+    Command(
         ("demo",),
         "run a short demo of the native core (ring + arena across processes)",
         "Start worker processes that answer requests passed through a shared-memory MPMC ring and "

@@ -207,8 +207,9 @@ BELOW_INGRESS = ("lumenrt.engine", "lumenrt.backends", "lumenrt.native")
         (("lumenrt.protocols",), ("lumenrt.protocols",)),
         (("lumenrt.client",), ("lumenrt.client", "lumenrt.protocols")),
         (BELOW_INGRESS, (*BELOW_INGRESS, "lumenrt.protocols", "lumenrt.models", "lumenrt.extras")),
+        (("lumenrt.placement",), ("lumenrt.placement",)),  # reads the machine; the engine will use it
     ],
-    ids=["protocols", "client", "engine-backends-native"],
+    ids=["protocols", "client", "engine-backends-native", "placement"],
 )
 def test_sources_import_only_lower_layers(packages: tuple[str, ...], allowed: tuple[str, ...]) -> None:
     assert _imports_outside(packages, allowed) == {}
