@@ -356,7 +356,9 @@ class ModelRuntime:
     def run_inline(
         self, inputs: Mapping[str, Any], times: StageTimes | None = None, timeout_s: float | None = None
     ) -> dict[str, Array] | None:
-        """The outputs, computed in this thread now, or None: submit it (engine/lane.py)."""
+        """The outputs, computed in this thread now, or None: submit it (engine/lane.py). Without
+        ``times`` (the front ends' way) the stage times are the lane's own and the outputs may be
+        its bound arrays: both valid until the lane's next request (lane.py invariant 5)."""
         if self.closed:
             return None
         return self.lane.run(inputs, self.queued(), times, timeout_s)
