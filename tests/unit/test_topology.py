@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lumenrt.placement.topology import TopologyError, describe, parse_cpulist, read_topology
+from lumenrt.placement.topology import TopologyError, describe, format_cpulist, parse_cpulist, read_topology
 from tests.unit import topology_trees as trees
 
 
@@ -21,6 +21,9 @@ def test_cpulists_parse_as_the_kernel_writes_them() -> None:
         parse_cpulist("0-a")
     with pytest.raises(TopologyError, match="backwards"):
         parse_cpulist("3-1")
+    for cpus in [(), (0,), (0, 1, 2, 5), (1, 3, 5), tuple(range(64))]:
+        assert parse_cpulist(format_cpulist(cpus)) == cpus  # what the fake trees write reads back
+    assert format_cpulist((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
 
 
 def test_this_vm(tmp_path: Path) -> None:

@@ -4,19 +4,7 @@ own file formats (checked against this VM's tree): ``Machine.write(root)`` lays 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def cpulist(cpus: list[int] | tuple[int, ...]) -> str:
-    """The kernel's form: 0-3,8."""
-    ids = sorted(cpus)
-    out: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(out)
+from lumenrt.placement.topology import format_cpulist as cpulist
 
 
 @dataclass

@@ -304,8 +304,8 @@ def _v1_quota(base: Path, path: str) -> float | None:
 # ---- printing ----------------------------------------------------------------------------------------
 
 
-def _ranges(cpus: tuple[int, ...] | list[int]) -> str:
-    """(0, 1, 2, 5) -> '0-2,5'."""
+def format_cpulist(cpus: tuple[int, ...] | list[int]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5' (the kernel's form; '' for none)."""
     out: list[str] = []
     ids = sorted(cpus)
     i = 0
@@ -315,7 +315,11 @@ def _ranges(cpus: tuple[int, ...] | list[int]) -> str:
             j += 1
         out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
         i = j + 1
-    return ",".join(out) or "-"
+    return ",".join(out)
+
+
+def _ranges(cpus: tuple[int, ...] | list[int]) -> str:
+    return format_cpulist(cpus) or "-"
 
 
 def describe(topo: Topology) -> str:
