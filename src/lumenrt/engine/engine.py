@@ -79,10 +79,18 @@ def capped(config: ModelConfig, batch_size: int) -> ModelConfig:
 
 
 def placements_for(n_workers: int, cores: tuple[int, ...]) -> list[Placement]:
-    """One placement per worker, round-robin over the cores; compute threads per session chosen
-    so that all workers' threads together never exceed the cores given."""
+    """One placement per worker; compute threads per session chosen so that all workers' threads
+    together never exceed the cores given. With fewer workers than cores, each worker gets a
+    disjoint run of as many cores as it has compute threads, and is pinned to all of them: a
+    backend's thread pool, started by the pinned worker, inherits the worker's affinity, and with
+    one core it would crowd every compute thread onto it. Otherwise one core each, round-robin."""
     intra = max(1, len(cores) // max(n_workers, 1))
-    return [Placement(cores=(cores[i % len(cores)],), intra_op_threads=intra) for i in range(n_workers)]
+    return [
+        Placement(
+            cores=tuple(cores[(i * intra + k) % len(cores)] for k in range(intra)), intra_op_threads=intra
+        )
+        for i in range(n_workers)
+    ]
 
 
 class _AsyncCompletions:
