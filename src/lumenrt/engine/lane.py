@@ -161,7 +161,6 @@ class InlineLane:
         session, self._session = self._session, None
         if session is None:
             return
-        bound = self._bound
         deadline = time.monotonic() + CLOSE_WAIT_S
         while True:
             try:
@@ -171,8 +170,7 @@ class InlineLane:
                 if time.monotonic() > deadline:
                     break  # it hangs in the model: close anyway (that request fails)
                 time.sleep(0.001)
-        if bound is self._bound:
-            self._bound = None  # it refers to the session
+        self._bound = None  # it refers to the session; read only under the token, now taken
         session.close()
 
     def run(

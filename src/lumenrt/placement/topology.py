@@ -23,7 +23,6 @@ often hides parts of sysfs); a file that cannot be parsed raises TopologyError n
 
 import json
 import math
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -351,8 +350,3 @@ def describe(topo: Topology) -> str:
 
 def dumps(topo: Topology) -> str:
     return json.dumps(topo.to_json(), indent=1)
-
-
-def this_machine() -> Topology:
-    """The running process's topology (``/``)."""
-    return read_topology("/", os.getpid())
