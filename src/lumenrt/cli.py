@@ -61,8 +61,8 @@ COMMANDS: tuple[Command, ...] = (
         "physical cores and SMT siblings, the CPUs sharing each L3, this process's affinity, its "
         "cgroup's cpuset and CPU quota, isolated CPUs; then the CPUs placement may use and how many "
         "threads it may keep busy at once. --json for a machine-readable form.",
-        "lumenrt.placement.topology_cli:add_arguments",
-        "lumenrt.placement.topology_cli:run_from_args",
+        "lumenrt.topology_cli:add_arguments",
+        "lumenrt.topology_cli:run_from_args",
     ),
     Command(
         ("demo",),

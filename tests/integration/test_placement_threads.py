@@ -1,7 +1,7 @@
-"""A worker's backend threads run on all of its cores (engine.placements_for, #15): ONNX Runtime's
-intra-op pool is started by the pinned worker and inherits its affinity, so a worker with two
-compute threads must be pinned to two cores, or both threads share one. Read back from
-``/proc/<pid>/task/*/status``, in both worker modes, on this machine's cores."""
+"""A worker's threads run on its planned cores (#15), read back from ``/proc/<pid>/task/*/status``
+in both worker modes on this machine's cores: the worker on all of them (a backend's pool started by
+the pinned worker inherits that), and ONNX Runtime's intra-op pool threads one to a core each, on
+the cores after the worker's first (``session.intra_op_thread_affinities``)."""
 
 import os
 import re
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lumenrt.engine.engine import Engine, placements_for
+from lumenrt.engine.engine import Engine
+from lumenrt.engine.placing import placements_of
 from lumenrt.engine.server_config import EngineConfig
 from lumenrt.models.builtin import builtin_examples
 
@@ -34,23 +35,26 @@ def thread_affinities(pid: int) -> dict[int, set[int]]:
     return out
 
 
+@pytest.mark.parametrize("placement_policy", ["spread", "roundrobin"])
 @pytest.mark.parametrize("mode", ["thread", "process"])
-def test_a_workers_compute_threads_are_not_crowded_onto_one_core(mode: str) -> None:
+def test_a_workers_compute_threads_run_one_to_a_planned_core(mode: str, placement_policy: str) -> None:
     cores = tuple(sorted(os.sched_getaffinity(0)))
     if len(cores) < 2:
         pytest.skip("needs two cores")
-    (placement,) = placements_for(1, cores)
-    assert placement.intra_op_threads == len(cores)  # one worker: a compute thread per core
     before = set(thread_affinities(os.getpid()))
-    settings = EngineConfig(worker_mode=mode, thread_count=1, pin=True, lane="queue")
+    settings = EngineConfig(worker_mode=mode, pin=True, lane="queue", placement=placement_policy)
     with Engine(models=[MODEL], settings=settings) as engine:
+        assert engine.plan is not None
+        (placement,) = placements_of(engine.plan, MODEL)
+        # one model with one instance (its config's count): a compute thread per core, all of them
+        assert (placement.cores, placement.intra_op_threads) == (cores, len(cores))
         engine.infer(MODEL, builtin_examples(MODEL, 1))  # the worker's session has run
         if mode == "thread":
             threads = {t: a for t, a in thread_affinities(os.getpid()).items() if t not in before}
         else:
             (pid,) = engine.runtime(MODEL).statistics()["pids"]
             threads = thread_affinities(pid)
-        assert len(threads) >= 2  # the worker and its session's pool thread at least
-        threads_per_worker = placement.intra_op_threads  # its session's compute threads
-        crowded = {t: sorted(a) for t, a in threads.items() if len(a) < threads_per_worker}
-        assert crowded == {}, f"threads confined to fewer than the worker's {threads_per_worker} cores"
+        pool = sorted(sorted(a) for a in threads.values() if len(a) == 1)
+        assert pool == [[c] for c in cores[1:]], f"pool threads not one to each of {cores[1:]}: {threads}"
+        assert set(cores) in threads.values()  # the worker: all its cores
+        assert all(a <= set(cores) for a in threads.values())

@@ -206,8 +206,11 @@ BELOW_INGRESS = ("lumenrt.engine", "lumenrt.backends", "lumenrt.native")
     [
         (("lumenrt.protocols",), ("lumenrt.protocols",)),
         (("lumenrt.client",), ("lumenrt.client", "lumenrt.protocols")),
-        (BELOW_INGRESS, (*BELOW_INGRESS, "lumenrt.protocols", "lumenrt.models", "lumenrt.extras")),
-        (("lumenrt.placement",), ("lumenrt.placement",)),  # reads the machine; the engine will use it
+        (
+            BELOW_INGRESS,
+            (*BELOW_INGRESS, "lumenrt.protocols", "lumenrt.models", "lumenrt.extras", "lumenrt.placement"),
+        ),
+        (("lumenrt.placement",), ("lumenrt.placement",)),  # reads the machine, plans; the engine uses it
     ],
     ids=["protocols", "client", "engine-backends-native", "placement"],
 )

@@ -41,6 +41,7 @@ LUMENRT = [
     "lumenrt_in_flight_requests",
     "lumenrt_arena_slots_in_use",
     "lumenrt_workers_ready",
+    "lumenrt_worker_memory_local_ratio",
 ]
 
 
@@ -56,6 +57,10 @@ class FakeRuntime:
     config: FakeConfig
     version: int
     stats: dict[str, Any] = field(default_factory=dict)
+    placement: list[dict[str, Any]] = field(default_factory=list)  # ModelRuntime.placement_report()
+
+    def placement_report(self) -> list[dict[str, Any]]:
+        return self.placement
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -108,7 +113,10 @@ def value(samples: list[Sample], name: str, **labels: str) -> float:
 
 
 def test_every_family_is_exported_with_model_and_version_labels() -> None:
-    service = InferenceService(FakeEngine(runtime("a"), runtime("b", 2)))  # type: ignore[arg-type]
+    a, b = runtime("a"), runtime("b", 2)
+    for rt in (a, b):  # one worker bound to its node each (the locality gauge's samples)
+        rt.placement = [{"worker": 0, "node": 0, "local_share": 1.0}]
+    service = InferenceService(FakeEngine(a, b))  # type: ignore[arg-type]
     families = scrape(service)
     assert set(families) == set(TRITON) | set(LUMENRT)
     for name in set(families) - {
@@ -189,6 +197,18 @@ def test_gauges_read_the_state_at_scrape_time() -> None:
     assert value(families["lumenrt_arena_slots_in_use"], "lumenrt_arena_slots_in_use") == 5
     assert value(families["lumenrt_workers_ready"], "lumenrt_workers_ready") == 2
     assert value(families["lumenrt_in_flight_requests"], "lumenrt_in_flight_requests") == 9
+
+
+def test_memory_locality_is_a_gauge_per_bound_worker() -> None:
+    rt = runtime()
+    rt.placement = [
+        {"worker": 0, "node": 0, "local_share": 1.0},
+        {"worker": 1, "node": 1, "local_share": 0.25},
+        {"worker": 2, "node": -1, "local_share": None},  # not bound: no sample
+    ]
+    samples = scrape(InferenceService(FakeEngine(rt)))["lumenrt_worker_memory_local_ratio"]  # type: ignore[arg-type]
+    got = {(s.labels["worker"], s.labels["node"]): s.value for s in samples}
+    assert got == {("0", "0"): 1.0, ("1", "1"): 0.25}
 
 
 def test_triton_durations_are_cumulative_microseconds() -> None:

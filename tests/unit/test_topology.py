@@ -123,3 +123,18 @@ def test_the_command_prints_a_table_or_json(tmp_path: Path) -> None:
         [*cmd[:-2], "--root", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "lumenrt topology:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_command_prints_the_serve_plan_for_a_machine(tmp_path: Path) -> None:
+    """``--plan``: the built-in repository's configs (nothing loaded) on a fake machine."""
+    root = trees.two_socket_smt().write(tmp_path / "box")
+    cmd = [sys.executable, "-m", "lumenrt.cli", "topology", "--root", str(root), "--plan"]
+    doc = json.loads(
+        subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True, timeout=120).stdout
+    )
+    assert (doc["budget"], doc["oversubscribed"], doc["ingress_cpus"]) == (64, False, [47])
+    assert sorted(doc["models"]) == ["digits_mlp", "squeezenet", "tabular_xgb"]
+    table = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "policy spread; busy threads 64 of 64" in table
+    refused = subprocess.run([*cmd, "--placement", "node:7"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "node:7: no such NUMA node" in refused.stderr

@@ -21,12 +21,15 @@ Array = npt.NDArray[np.generic]
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where one model instance runs: the cores its worker is pinned to and the compute threads
-    its session may use (their sum over all workers never exceeds the cores given)."""
+    """Where one model instance runs: the cores its worker is pinned to, the compute threads its
+    session may use (one per core: the worker's thread and its backend's pool), and the NUMA node
+    its memory is bound to (placement/plan.py plans them for all models together)."""
 
     cores: tuple[int, ...]
     intra_op_threads: int = 1
     inter_op_threads: int = 1
+    node: int = -1  # -1: no binding (the cores span nodes, or nothing was planned)
+    bind_memory: bool = True  # set the worker's memory policy to ``node`` (else: first touch only)
 
 
 class BackendSession(Protocol):

@@ -176,6 +176,14 @@ def session_options(placement: Placement, options: Any, source: str) -> ort.Sess
     # ORT runs on the caller's thread and there is no pool to spin).
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if 2 <= placement.intra_op_threads <= len(placement.cores):
+        # The pool's threads (all but the caller's) one to a planned core each, in the order the
+        # plan gave them: the caller (the worker) keeps cores[0]. ONNX Runtime numbers processors
+        # from 1 (checked here: "2" ran the thread on CPU 1).
+        so.add_session_config_entry(
+            "session.intra_op_thread_affinities",
+            ";".join(str(c + 1) for c in placement.cores[1 : placement.intra_op_threads]),
+        )
     if options is None:
         return so
     if not isinstance(options, Mapping):

@@ -91,6 +91,8 @@ class DynamicBatching:
 class InstanceGroup:
     count: int = 0  # model instances (one per worker); 0 = one per core given to the model
     cores: tuple[int, ...] = ()  # cores to pin instances to; () = the server's cores
+    numa_node: int | None = None  # keep the instances (threads and memory) on this node
+    host_policy: str = ""  # Triton's: a named engine.host_policies entry (numa_node / cpu_cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,7 @@ _BATCHING_KEYS = (
 )
 _POLICY_KEYS = ("max_queue_size", "default_timeout_microseconds", "allow_timeout_override", "timeout_action")
 MAX_PRIORITY_LEVELS = 16  # guessed: more levels than any scheduling scheme here needs; each is a ring
-_INSTANCE_KEYS = ("count", "cores", "kind")
+_INSTANCE_KEYS = ("count", "cores", "kind", "numa_node", "host_policy")
 _INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU")  # Triton's; lumenrt places instances on CPU cores
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")  # safe in a URL path and as a folder name
 
@@ -377,10 +379,22 @@ def _instance_group(raw: Any, source: str) -> InstanceGroup:
     raw = check_keys(raw, _INSTANCE_KEYS, source, path)
     if "kind" in raw:
         read_choice(raw["kind"], _INSTANCE_KINDS, source, f"{path}.kind")
-    return InstanceGroup(
+    node = raw.get("numa_node")
+    policy = raw.get("host_policy", "")
+    if not isinstance(policy, str):
+        raise ConfigError(source, f"{path}.host_policy", f"must be a host policy's name, got {_show(policy)}")
+    group = InstanceGroup(
         count=read_int(raw.get("count", 0), source, f"{path}.count", minimum=0),
         cores=read_int_list(raw.get("cores", []), source, f"{path}.cores", minimum=0),
+        numa_node=None if node is None else read_int(node, source, f"{path}.numa_node", minimum=0),
+        host_policy=policy,
     )
+    given = [k for k in ("cores", "numa_node", "host_policy") if k in raw]
+    if len(given) > 1:
+        raise ConfigError(
+            source, f"{path}.{given[1]}", f"give one of cores, numa_node and host_policy, not {given}"
+        )
+    return group
 
 
 def _version_policy(raw: Any, source: str) -> tuple[str, tuple[int, ...]]:

@@ -31,6 +31,7 @@ from typing import Any
 from lumenrt.backends.base import Placement, get_backend
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.descriptors import answer_model_id, try_push_answer
+from lumenrt.engine.placing import placements_of, plan_engine
 from lumenrt.engine.repository import ModelNotFound, ModelRepository
 from lumenrt.engine.request import (
     Array,
@@ -50,6 +51,8 @@ from lumenrt.native import (
     Ring,
     ring_required_bytes,
 )
+from lumenrt.placement.plan import Plan, round_robin
+from lumenrt.placement.running import LOCALITY_WARN_BELOW
 
 logger = logging.getLogger(__name__)
 
@@ -79,18 +82,9 @@ def capped(config: ModelConfig, batch_size: int) -> ModelConfig:
 
 
 def placements_for(n_workers: int, cores: tuple[int, ...]) -> list[Placement]:
-    """One placement per worker; compute threads per session chosen so that all workers' threads
-    together never exceed the cores given. With fewer workers than cores, each worker gets a
-    disjoint run of as many cores as it has compute threads, and is pinned to all of them: a
-    backend's thread pool, started by the pinned worker, inherits the worker's affinity, and with
-    one core it would crowd every compute thread onto it. Otherwise one core each, round-robin."""
-    intra = max(1, len(cores) // max(n_workers, 1))
-    return [
-        Placement(
-            cores=tuple(cores[(i * intra + k) % len(cores)] for k in range(intra)), intra_op_threads=intra
-        )
-        for i in range(n_workers)
-    ]
+    """``n_workers`` placed round-robin over ``cores`` (placement/plan.py's rule 8), one compute
+    thread per core each."""
+    return [Placement(cores=cpus, intra_op_threads=len(cpus)) for cpus in round_robin(n_workers, cores)]
 
 
 class _AsyncCompletions:
@@ -209,7 +203,10 @@ class Engine:
         settings: EngineConfig | None = None,
         *,
         models: Iterable[str] | None = None,
+        ingress_threads: int = 0,
     ) -> None:
+        """``ingress_threads``: the busy threads of the caller's front ends, for the placement plan
+        (``lumenrt serve``: 1, its event loop); the plan is ``self.plan``."""
         if repository is None:
             from lumenrt.models.builtin import ensure_builtin_repository
 
@@ -224,10 +221,15 @@ class Engine:
         self._next_id = 0
         self._async: _AsyncCompletions | None = None
         self.closed = False
-        names = models if models is not None else [m.name for m in self.repository.index()]
+        names = list(models) if models is not None else [m.name for m in self.repository.index()]
+        self.ingress_threads = ingress_threads
+        self._configs: dict[str, ModelConfig] = {}  # the models the plan is for
+        self.plan: Plan | None = None
         try:
+            found = {name: self.repository.load(name) for name in names}
+            self._replan({name: versions[-1].config for name, versions in found.items() if versions})
             for name in names:
-                self.load(name)
+                self._start(name, found[name])
         except BaseException:
             self.close()
             raise
@@ -235,19 +237,43 @@ class Engine:
     # ---- models -----------------------------------------------------------------------------
 
     def load(self, name: str) -> None:
-        """Load (or reload) every version the model's version policy selects."""
+        """Load (or reload) every version the model's version policy selects. A model the plan
+        does not know yet (or whose instance_group changed) is planned with the others; the models
+        already running keep their places."""
         loaded = self.repository.load(name)
+        if loaded and (
+            name not in self._configs
+            or self._configs[name].instance_group != loaded[-1].config.instance_group
+        ):
+            self._replan({**self._configs, name: loaded[-1].config})
+        self._start(name, loaded)
+
+    def _replan(self, configs: dict[str, ModelConfig]) -> None:
+        plan = plan_engine(list(configs.values()), self.settings, self.ingress_threads)
+        for warning in plan.warnings:
+            logger.warning("placement: %s", warning)
+        self.plan, self._configs = plan, configs
+
+    def _start(self, name: str, loaded: list[Any]) -> None:
         fresh: dict[int, ModelRuntime] = {}
+        assert self.plan is not None or not loaded
         try:
             for lm in loaded:
-                n = lm.config.instance_group.count or self.settings.thread_count or len(self.settings.cores)
-                cores = lm.config.instance_group.cores or self.settings.cores
                 runtime = ModelRuntime(
                     config=capped(lm.config, self.settings.batch_size),
                     version=lm.version,
                     model_path=lm.model_path,
                     backend=get_backend(lm.config.backend, lm.config.source),
-                    placements=placements_for(n, tuple(cores)),
+                    placements=placements_of(
+                        self.plan,
+                        name,
+                        pin=self.settings.pin,
+                        # roundrobin is the placement before planning: pinning only
+                        bind_memory=self.settings.memory_binding == "bind"
+                        and self.settings.placement != "roundrobin",
+                    )
+                    if self.plan is not None
+                    else [],
                     options=RuntimeOptions(
                         queue_type=self.settings.queue_type,
                         allocator_type=self.settings.allocator_type,
@@ -267,6 +293,7 @@ class Engine:
                     rec.model_id = runtime.model_id
                 fresh[lm.version] = runtime
                 runtime.start()
+                self._check_locality(runtime)
         except BaseException:
             for rt in fresh.values():
                 rt.close()
@@ -277,7 +304,28 @@ class Engine:
             rt.close()
         self._prune()
 
+    def placement_report(self) -> dict[str, dict[int, list[dict[str, Any]]]]:
+        """Every loaded model version's workers: planned CPUs, threads and node, and where their
+        memory is (ModelRuntime.placement_report)."""
+        return {
+            name: {v: rt.placement_report() for v, rt in versions.items()}
+            for name, versions in self._runtimes.items()
+        }
+
+    def _check_locality(self, runtime: ModelRuntime) -> None:
+        for w in runtime.placement_report():
+            share = w["local_share"]
+            if share is not None and share < LOCALITY_WARN_BELOW:
+                logger.warning(
+                    "placement: model %s worker %d: %.1f%% of its memory is on its node %d",
+                    runtime.config.name,
+                    w["worker"],
+                    100 * share,
+                    w["node"],
+                )
+
     def unload(self, name: str) -> None:
+        self._configs.pop(name, None)  # its CPUs go to the next model planned
         for rt in self._runtimes.pop(name, {}).values():
             rt.close()
         self._prune()

@@ -489,6 +489,12 @@ class ProcessPool:
 
     # ---- statistics -------------------------------------------------------------------------
 
+    def tasks(self) -> list[tuple[int, int]]:
+        """(pid, thread id) of each worker process's main thread (the one that runs the model);
+        0 where none runs."""
+        pids = [int(p.pid) if p is not None and p.pid and p.is_alive() else 0 for p in self._procs]
+        return [(pid, pid) for pid in pids]
+
     def statistics(self, total: WorkerStats) -> dict[str, Any]:
         """Per-request figures from the reading threads; requests and batches from the workers'
         status rows; plus deaths, replacement failures and pids."""

@@ -37,6 +37,7 @@ from lumenrt.engine.descriptors import (
     request_rows,
 )
 from lumenrt.engine.execute import execute_batch
+from lumenrt.engine.placing import bind_this_thread
 from lumenrt.engine.request import Array
 from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
 from lumenrt.engine.worker import batch_plan, batch_policy, zeros_for
@@ -118,8 +119,8 @@ def worker_main(spec: WorkerSpec) -> None:
     status = np.ndarray(
         (spec.n_workers, STATUS_COLS), np.int64, buffer=memoryview(region), offset=off["status"]
     )
-    if spec.pin and spec.placement.cores:
-        os.sched_setaffinity(0, spec.placement.cores)
+    if spec.pin:
+        bind_this_thread(spec.placement)  # the process's main thread: its later threads inherit it
     config = spec.config
     try:
         session = get_backend(config.backend, config.source).load(spec.model_path, config, spec.placement)

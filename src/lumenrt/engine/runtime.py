@@ -44,7 +44,9 @@ Shutdown order
 """
 
 import contextlib
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,9 +91,13 @@ from lumenrt.native import (
     ring_required_bytes,
     slab_required_bytes,
 )
+from lumenrt.placement.memory import LocalityError, bind_memory, locality, read_numa_maps
 
 ARENA_BUDGET_BYTES = 256 << 20  # per model, process pool; guessed: bounds shared memory for big-input models
 ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,7 @@ class ModelRuntime:
             lay.add(slab_required_bytes(plan.slot_bytes, plan.n_slots), align=4096, name="arena")
         pool_class.add_sections(lay, config, table_size, len(placements))
         self.region, self._fd = pool_class.create_region(lay.size_bytes, config.name)
+        self.region_node = self._bind_region(placements)
         self._offsets = dict(lay.offsets)
         self.ring = Ring.create(self.region, options.queue_type, ring_cap, offset=lay.offsets["requests"])
         self._spin_ns = options.spin_us * 1000
@@ -231,6 +238,7 @@ class ModelRuntime:
         self.lane = InlineLane(
             config, backend, model_path, options, placements, process_mode=options.worker_mode == "process"
         )
+        self.placements = placements
         self.workers = pool_class(self, backend=backend, model_path=model_path, placements=placements)
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -608,7 +616,62 @@ class ModelRuntime:
                 arena.free(slot)
         self.table.release(req)
 
+    def _bind_region(self, placements: list[Placement]) -> int:
+        """Bind the model's region (its request ring, arena slots, request table and, in process
+        mode, the completion ring) to its workers' node when they all have the same one and bind
+        memory; before anything touches it, so no page has to move. Returns the node, or -1 (the
+        workers span nodes, or first touch: the pages land where they are first written)."""
+        nodes = {p.node for p in placements}
+        if len(nodes) != 1 or not placements[0].bind_memory or placements[0].node < 0:
+            return -1
+        node = placements[0].node
+        try:
+            bind_memory(self.region.address, self.region.size, node)
+        except (OSError, ValueError) as exc:
+            logger.warning(
+                "placement: model %s: region not bound to node %d: %s", self.config.name, node, exc
+            )
+            return -1
+        return node
+
     # ---- statistics -----------------------------------------------------------------------
+
+    def placement_report(self) -> list[dict[str, Any]]:
+        """Each worker's planned place and where its memory is, read from procfs: the memory policy
+        its thread runs under (``bind:N`` once bound: /proc/<pid>/task/<tid>/numa_maps shows the
+        thread's policy for every mapping without one of its own), the share of its process's
+        resident memory on its node (thread mode: the engine's whole process), and the share of the
+        model's region (rings, arena, table) on it. Reads a file per worker: for statistics and
+        metrics, never on the request path."""
+        out = []
+        region = (self.region.address, self.region.address + self.region.size)
+        try:  # the region as this process maps it (a worker process maps it elsewhere)
+            own = read_numa_maps()
+        except (OSError, LocalityError):
+            own = []
+        for i, ((pid, tid), p) in enumerate(zip(self.workers.tasks(), self.placements, strict=True)):
+            entry: dict[str, Any] = {
+                "worker": i,
+                "cpus": list(p.cores),
+                "threads": p.intra_op_threads,
+                "node": p.node,
+                "pid": pid,
+                "memory_policy": None,
+                "local_share": None,
+                "region_node": self.region_node,  # the model's shared region, bound (-1: not)
+                # of the region's resident pages, the share on the worker's node
+                "region_local_share": locality(own, p.node, [region]).share if own and p.node >= 0 else None,
+            }
+            if tid and p.node >= 0:
+                try:
+                    maps = read_numa_maps(f"{pid}/task/{tid}")
+                except (OSError, LocalityError):
+                    maps = []  # the worker went meanwhile, or no NUMA support in this kernel
+                if maps:
+                    entry["memory_policy"] = Counter(m.policy for m in maps).most_common(1)[0][0]
+                    entry["local_share"] = locality(maps, p.node).share
+            out.append(entry)
+        return out
 
     def statistics(self) -> dict[str, Any]:
         """Per model version; the same keys and meanings in both pools."""

@@ -5,7 +5,9 @@ The seed's keys keep their names and values under ``engine``::
     {"engine": {"queue_type": "mpmc", "allocator_type": "lumen_arena", "thread_count": 8, "batch_size": 1}}
 
 and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``arena_slots``,
-``spin_us``, ``lane`` and ``lane_max_us``. Every key has an effect (see the README's table); a combination without one is refused:
+``spin_us``, ``lane``, ``lane_max_us``, ``placement``, ``placement_strict``, ``memory_binding`` and
+``host_policies``
+(engine/placing.py). Every key has an effect (see the README's table); a combination without one is refused:
 ``allocator_type: standard`` with ``worker_mode: process`` (process workers read requests from the
 shared arena, so there is no per-request allocation to choose).
 Unknown keys are errors naming the key. Overrides (e.g. from command-line flags) are engine keys
@@ -18,7 +20,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lumenrt.engine.config import ConfigError, check_keys, read_bool, read_choice, read_config_file, read_int
+from lumenrt.engine.config import (
+    ConfigError,
+    check_keys,
+    read_bool,
+    read_choice,
+    read_config_file,
+    read_int,
+    read_int_list,
+)
 
 QUEUE_TYPES = ("mpmc", "spsc", "naive", "batched")
 ALLOCATOR_TYPES = ("lumen_arena", "standard")  # standard: a fresh numpy allocation per request
@@ -51,12 +61,61 @@ ENGINE_KEYS = (
     "spin_us",
     "lane",
     "lane_max_us",
+    "placement",
+    "placement_strict",
+    "memory_binding",
+    "host_policies",
 )
 LANES = ("queue", "inline", "auto")  # engine/lane.py
 # auto: a model whose batch-1 compute is at most this runs inline. Guessed from one
 # measurement on the 2-core VM: a worker hand-off and return costs ~30-60 us there, so a model
 # under ~30 us spends more time being handed over than computing.
 DEFAULT_LANE_MAX_US = 30
+
+
+# engine/placing.py; "auto": "roundrobin" when engine.thread_count is given (every model gets that
+# many workers, as the architecture matrix measures), else "spread"
+PLACEMENTS = ("auto", "spread", "pack", "roundrobin")  # and "node:N"
+# how a pinned worker's memory reaches its node: "bind" sets its thread's policy (set_mempolicy,
+# MPOL_BIND), "first_touch" relies on the pinned thread touching its pages first (engine/placing.py)
+MEMORY_BINDINGS = ("bind", "first_touch")
+HOST_POLICY_KEYS = ("numa-node", "cpu-cores")  # Triton's --host-policy settings
+
+
+@dataclass(frozen=True, slots=True)
+class HostPolicy:
+    """Triton's named host policy: where the instances of a model that names it run."""
+
+    name: str
+    numa_node: int | None = None
+    cpu_cores: tuple[int, ...] = ()
+
+
+def read_host_policies(raw: Any, source: str) -> tuple[HostPolicy, ...]:
+    """``{name: {numa-node: 0, cpu-cores: "0-3"}}`` (a cpu-cores list may be a list too)."""
+    from lumenrt.placement.topology import TopologyError, parse_cpulist
+
+    out = []
+    for name, settings in check_keys(raw, None, source, "engine.host_policies").items():
+        path = f"engine.host_policies.{name}"
+        settings = check_keys(settings, HOST_POLICY_KEYS, source, path)
+        if not settings:
+            raise ConfigError(source, path, f"must set one of {', '.join(HOST_POLICY_KEYS)}")
+        node = settings.get("numa-node")
+        cores = settings.get("cpu-cores", [])
+        if isinstance(cores, str):
+            try:
+                cores = list(parse_cpulist(cores, f"{path}.cpu-cores"))
+            except TopologyError as exc:
+                raise ConfigError(source, f"{path}.cpu-cores", str(exc)) from None
+        out.append(
+            HostPolicy(
+                name=str(name),
+                numa_node=None if node is None else read_int(node, source, f"{path}.numa-node", minimum=0),
+                cpu_cores=read_int_list(cores, source, f"{path}.cpu-cores", minimum=0),
+            )
+        )
+    return tuple(out)
 
 
 def usable_cores() -> tuple[int, ...]:
@@ -83,6 +142,10 @@ class EngineConfig:
     spin_us: int = DEFAULT_SPIN_US  # poll this long before sleeping (workers, sync callers)
     lane: str = "queue"  # run small models on the ingress thread: queue | inline | auto
     lane_max_us: int = DEFAULT_LANE_MAX_US  # auto: largest batch-1 compute run inline
+    placement: str = "auto"  # spread | pack | node:N | roundrobin (see PLACEMENTS); resolved at construction
+    placement_strict: bool = False  # refuse a plan that must shrink or share CPUs (placement/plan.py)
+    memory_binding: str = "bind"  # bind | first_touch (MEMORY_BINDINGS)
+    host_policies: tuple[HostPolicy, ...] = ()  # Triton's named host policies, for instance_group.host_policy
 
     def __post_init__(self) -> None:
         src = "EngineConfig"
@@ -97,6 +160,20 @@ class EngineConfig:
         read_int(self.spin_us, src, "engine.spin_us", minimum=0)
         read_choice(self.lane, LANES, src, "engine.lane")
         read_int(self.lane_max_us, src, "engine.lane_max_us", minimum=0)
+        read_bool(self.placement_strict, src, "engine.placement_strict")
+        read_choice(self.memory_binding, MEMORY_BINDINGS, src, "engine.memory_binding")
+        if not isinstance(self.host_policies, tuple):  # the file's form ({name: {numa-node: 0}})
+            object.__setattr__(self, "host_policies", read_host_policies(self.host_policies, src))
+        if not (
+            isinstance(self.placement, str) and (self.placement in PLACEMENTS or _node_policy(self.placement))
+        ):
+            raise ConfigError(
+                src,
+                "engine.placement",
+                f"must be one of {', '.join(PLACEMENTS)} or node:N; got {self.placement!r}",
+            )
+        if self.placement == "auto":
+            object.__setattr__(self, "placement", "roundrobin" if self.thread_count else "spread")
         if self.allocator_type == "standard" and self.worker_mode == "process":
             raise ConfigError(
                 src,
@@ -128,6 +205,9 @@ class EngineConfig:
                 f"{self.thread_count}: use thread_count 1, or queue_type 'mpmc' for several workers",
             )
 
+    def host_policy(self, name: str) -> HostPolicy | None:
+        return next((p for p in self.host_policies if p.name == name), None)
+
     @property
     def label(self) -> str:
         """Short name of the architecture, e.g. ``mpmc/lumen_arena/thread/w2``."""
@@ -137,7 +217,18 @@ class EngineConfig:
         """Plain JSON-ready values, for recording in benchmark result files."""
         out = asdict(self)
         out["cores"] = list(self.cores)
+        out["host_policies"] = {
+            p.name: {
+                **({"numa-node": p.numa_node} if p.numa_node is not None else {}),
+                **({"cpu-cores": list(p.cpu_cores)} if p.cpu_cores else {}),
+            }
+            for p in self.host_policies
+        }
         return out
+
+
+def _node_policy(text: str) -> bool:
+    return text.startswith("node:") and text[5:].isdigit()
 
 
 def load_engine_config(
@@ -163,6 +254,10 @@ def load_engine_config(
         }
         values.update(given)
         origin.update(dict.fromkeys(given, "<overrides>"))
+    if "host_policies" in values and not isinstance(values["host_policies"], tuple):
+        values["host_policies"] = read_host_policies(values["host_policies"], origin["host_policies"])
+    if values.get("placement_strict") is None:
+        values.pop("placement_strict", None)
     if isinstance(values.get("cores"), list):
         values["cores"] = tuple(values["cores"])
     elif "cores" in values:

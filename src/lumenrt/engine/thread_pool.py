@@ -59,6 +59,10 @@ class ThreadPool:
             for i, p in enumerate(placements)
         ]
 
+    def tasks(self) -> list[tuple[int, int]]:
+        """(pid, thread id) of each worker; 0 where it is not running."""
+        return [(os.getpid(), w.native_id) if w.alive else (0, 0) for w in self._workers]
+
     def start(self, timeout_s: float) -> None:
         for w in self._workers:
             w.start()

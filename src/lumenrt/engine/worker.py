@@ -16,7 +16,6 @@ Shutdown order
   3. the worker closes its session and ends; the runtime joins it.
 """
 
-import os
 import threading
 import time
 from bisect import bisect_left
@@ -32,6 +31,7 @@ from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.descriptors import request_generation
 from lumenrt.engine.execute import CANCELLED_MESSAGE, BatchPlan, execute_batch, timed_out_message
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, add_counts, duration_buckets
+from lumenrt.engine.placing import bind_this_thread
 from lumenrt.engine.request import (
     Array,
     EngineError,
@@ -158,6 +158,8 @@ class ThreadWorker:
         self.stats = WorkerStats()
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
+        self.memory_bound = False  # its memory policy binds it to placement.node (engine/placing.py)
+        self.native_id = 0  # its thread's id (0: not started), for /proc/<pid>/task/<tid>
         self._backend = backend
         self._model_path = model_path
         self._ring = ring
@@ -182,8 +184,9 @@ class ThreadWorker:
 
     def _run(self) -> None:
         try:
-            if self._pin and self.placement.cores:
-                os.sched_setaffinity(0, self.placement.cores)  # this thread only (Linux)
+            self.native_id = threading.get_native_id()
+            if self._pin:
+                self.memory_bound = bind_this_thread(self.placement)
             session = self._backend.load(self._model_path, self.config, self.placement)
             for _ in range(self.config.warmup):
                 session.run(zeros_for(self.config, 1))

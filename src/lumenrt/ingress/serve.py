@@ -34,6 +34,23 @@ SERVE_SPIN_US = 0
 SERVE_LANE = "auto"
 
 
+# Busy threads of the front ends, for the placement plan: the event loop (HTTP, TCP, the inline
+# lane's models). gRPC's completion-queue threads and the access log's writer mostly wait.
+INGRESS_THREADS = 1
+
+
+def _place_ingress(engine: Any) -> None:
+    """Pin the event loop's thread (this one) where the plan put the ingress. (The plan's
+    warnings were logged by the engine: a plan that shrinks or shares says so at every start.)"""
+    import os
+
+    plan = engine.plan
+    if plan is None:
+        return
+    if plan.ingress_cpus and engine.settings.pin:
+        os.sched_setaffinity(0, plan.ingress_cpus)  # threads started from here on inherit it
+
+
 def _port(text: str) -> int | None:
     if text in ("off", "none"):
         return None
@@ -71,11 +88,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "\n--config file keys (section 'engine'; the flags above override them):\n"
         "  queue_type        mpmc | spsc (one worker) | naive | batched             (--queue-type)\n"
         "  allocator_type    lumen_arena | standard (thread mode only)              (--allocator)\n"
-        "  thread_count      workers per model version; 0 = one per core            (--workers)\n"
+        "  thread_count      workers per every model version, placed round-robin; 0 = planned (--workers)\n"
         "  batch_size        cap on rows per batch for every model; 0 = no cap      (--batch-size)\n"
         "  worker_mode       thread | process                                       (--mode)\n"
-        "  pin               pin each worker to one core                            (--no-pin)\n"
+        "  pin               pin workers to their planned cores, memory to their node (--no-pin)\n"
         "  cores             the cores workers are placed on (default: all usable)\n"
+        "  placement         spread | pack | node:N | roundrobin (default: spread, or roundrobin\n"
+        "                    when thread_count is given): see `lumenrt topology --plan` (--placement)\n"
+        "  placement_strict  refuse a plan that must shrink or share CPUs            (--placement-strict)\n"
+        "  memory_binding    bind (a pinned worker's memory policy: its node) | first_touch (--memory-binding)\n"
+        "  host_policies     Triton's: {name: {numa-node: 0, cpu-cores: '0-3'}} for instance_group.host_policy\n"
         "  arena_slot_bytes  thread mode: input arena slot size (default 1 MiB)\n"
         "  arena_slots       arena slots per model version (default 256)\n"
         "  spin_us           poll this long before sleeping                         (--spin-us)\n"
@@ -153,6 +175,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "'inline' does so for every model; 'queue' hands every request to the workers",
     )
     eng.add_argument("--no-pin", action="store_true", help="do not pin workers to cores")
+    eng.add_argument(
+        "--placement",
+        metavar="POLICY",
+        help="spread (instances dealt over NUMA nodes), pack (node 0 first), node:N, or roundrobin "
+        "(every model on every core, no budget: the placement before planning)",
+    )
+    eng.add_argument(
+        "--memory-binding",
+        choices=("bind", "first_touch"),
+        help="bind: a pinned worker's memory policy is its planned node (set_mempolicy); first_touch: "
+        "pinning only, pages land where the pinned worker first touches them (default bind)",
+    )
+    eng.add_argument(
+        "--placement-strict",
+        action="store_true",
+        default=None,
+        help="refuse to start when the models need more busy threads than usable CPUs, instead of "
+        "shrinking or sharing with a warning",
+    )
     lim = p.add_argument_group("limits")
     d = ServeLimits()
     lim.add_argument(
@@ -281,6 +322,9 @@ def run_from_args(args: argparse.Namespace) -> int:
                 "spin_us": args.spin_us,
                 "lane": args.lane,
                 "pin": False if args.no_pin else None,
+                "placement": args.placement,
+                "placement_strict": args.placement_strict,
+                "memory_binding": args.memory_binding,
             },
             defaults={"spin_us": SERVE_SPIN_US, "lane": SERVE_LANE},
         )
@@ -423,14 +467,16 @@ async def _serve(
             f"lumenrt serve: removed {len(swept)} stale shared-memory segment(s) of dead processes",
             flush=True,
         )
-    print(f"lumenrt serve: loading models ({settings.label})", flush=True)
+    print(f"lumenrt serve: loading models ({settings.label}, placement {settings.placement})", flush=True)
     try:
         engine = await loop.run_in_executor(
-            None, lambda: Engine(args.repository, settings, models=args.models)
+            None,
+            lambda: Engine(args.repository, settings, models=args.models, ingress_threads=INGRESS_THREADS),
         )
     except Exception as exc:
         print(f"lumenrt serve: cannot load the models: {exc}", file=sys.stderr)
         return 2
+    _place_ingress(engine)
     try:
         app = ServerApp(
             engine,

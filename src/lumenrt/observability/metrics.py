@@ -106,6 +106,7 @@ class _ModelNumbers:
     counters: Any  # the service's _Counters for it, or None (no answer yet)
     cache_hits: int
     cache_misses: int
+    placement: list[dict[str, Any]]  # ModelRuntime.placement_report()
 
     def triton(self, key: str) -> float:
         s, c = self.stats, self.counters
@@ -183,7 +184,14 @@ class ServiceCollector:
                 if cache is not None:
                     peek = cache.peek_stats(*key)
                     hits, misses = peek.hits, peek.misses
-                yield _ModelNumbers([key[0], str(key[1])], rt.statistics(), counters.get(key), hits, misses)
+                yield _ModelNumbers(
+                    [key[0], str(key[1])],
+                    rt.statistics(),
+                    counters.get(key),
+                    hits,
+                    misses,
+                    rt.placement_report(),
+                )
 
     def _triton(self, models: list[_ModelNumbers]) -> Iterator[Metric]:
         for name, documentation, key in TRITON_COUNTERS:
@@ -288,7 +296,17 @@ class ServiceCollector:
             arena = s.get("arena") or {}
             slots.add_metric(m.labels, int(arena.get("in_use", 0)))
             ready.add_metric(m.labels, int(s.get("workers_ready", 0)))
-        yield from (depth, slots, ready)
+        local = GaugeMetricFamily(
+            "lumenrt_worker_memory_local_ratio",
+            "Share of the worker's process's resident memory on the worker's planned NUMA node "
+            "(read from numa_maps at each scrape; thread mode: the server's whole process)",
+            labels=[*MODEL_LABELS, "worker", "node"],
+        )
+        for m in models:
+            for w in m.placement:
+                if w["local_share"] is not None:
+                    local.add_metric([*m.labels, str(w["worker"]), str(w["node"])], w["local_share"])
+        yield from (depth, slots, ready, local)
 
 
 class ServiceMetrics:

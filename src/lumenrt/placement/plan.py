@@ -1,0 +1,433 @@
+"""The placement plan: which CPUs every loaded model's workers run on, how many compute threads
+each gets, and which NUMA node holds its memory, planned for all models together.
+
+Input: the machine (``Topology``), one ``Demand`` per model (its ``instance_group``), and the
+server's ``Policy``. Output: a ``Plan``, or ``PlacementError`` naming what cannot be honoured.
+
+Counting. A *busy thread* is one that computes while the server is under load: each ingress
+thread (``Policy.ingress_threads``: ``lumenrt serve`` runs one event loop, which also runs the
+inline lane's small models), and each worker's compute threads (``threads``: the worker itself plus
+its backend's pool, ONNX Runtime's ``intra_op_num_threads`` counting the caller). The budget is
+``Topology.busy_threads``: the usable CPUs (affinity and cpuset), capped by the cgroup's CPU quota.
+
+Rules, in the order applied
+  1. Never silently over budget. What a config asks for explicitly and the machine cannot honour
+     at all (a CPU that is not usable, a node that does not exist or has no usable CPU, the same CPU
+     claimed by two models) is refused. What the plan must cut to fit (fewer instances or threads
+     than asked, or models sharing CPUs when they outnumber them) is done and said: each cut is a
+     warning in the plan, which ``lumenrt serve`` logs and ``lumenrt topology --plan`` prints.
+     ``strict`` refuses instead of cutting.
+  2. Whole physical cores first: a node's CPUs are handed out first threads of each core first,
+     SMT siblings last, so two compute threads share a core only when the budget needs it.
+  3. A worker's CPUs lie on one node, and its memory is bound there.
+  4. ``spread`` (default) deals a model's instances over the nodes in turn, so that every node
+     serves; ``pack`` fills node 0 first (fewest nodes, shared L3); ``node:N`` uses node N only.
+     A model's ``numa_node`` keeps it on that node whatever the policy.
+  5. The quota: with a quota below the usable CPUs, only ``busy_threads`` CPUs are used (chosen by
+     the policy's order), so the threads the plan starts never exceed what the quota lets run.
+  6. Ingress first: the ingress threads get CPUs of their own (the last of the first node's
+     preference order: an SMT sibling where there is one) when at least one CPU per model is left.
+     When there are not that many CPUs (the 2-CPU VM with three models and an event loop), models
+     cannot be kept apart by CPU: each model's instances (one per CPU unless ``count`` says) are
+     placed round-robin over the plan's CPUs of their node, as rule 8 does, and the plan says so
+     in a warning. Two other answers were measured on the 2-CPU VM under the mixed load of
+     benchmarks/placement.py and not kept: workers free to use every CPU (squeezenet 0.885x the
+     throughput, digits_mlp 1.10x, medians of 3), and workers below the event loop's priority
+     (nice +10: squeezenet 0.68x, digits_mlp 1.90x): each a trade between the two models, not a
+     gain.
+  7. Models with explicit ``cores`` take exactly those; the rest divide what is left evenly, in the
+     order given, models tied to a node first. Within a model's share: ``count`` instances (0: one
+     per CPU) of ``threads`` compute threads (0: the share divided by the count).
+  8. ``roundrobin`` is lumenrt's placement before planning, kept for the architecture matrix: each
+     model gets ``count`` workers (default: one per usable CPU) pinned round-robin over every usable
+     CPU, with no budget across models.
+
+This module reads nothing: it is a function of its inputs, so the tests give it fake machines.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lumenrt.placement.topology import Topology, format_cpulist
+
+POLICIES = ("spread", "pack", "roundrobin")  # and "node:N"
+
+
+class PlacementError(ValueError):
+    """A plan that cannot be made: what was asked, what the machine has, and what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one model's config asks for (its ``instance_group``)."""
+
+    model: str
+    count: int = 0  # instances; 0: one per CPU of the model's share
+    cores: tuple[int, ...] = ()  # exactly these CPUs (instance_group.cores, a host policy's cpu-cores)
+    node: int | None = None  # only this node's CPUs (instance_group.numa_node)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    kind: str = "spread"  # spread | pack | node | roundrobin
+    node: int | None = None  # kind "node": the node
+    strict: bool = False  # refuse instead of shrinking or sharing
+    ingress_threads: int = 0  # busy threads of the front ends (lumenrt serve: 1)
+
+    @classmethod
+    def parse(cls, text: str, *, strict: bool = False, ingress_threads: int = 0) -> "Policy":
+        """``spread``, ``pack``, ``roundrobin`` or ``node:N``; ValueError otherwise."""
+        if text.startswith("node:"):
+            number = text[5:]
+            if not number.isdigit():
+                raise ValueError(f"'node:N' needs a node number, got {text!r}")
+            return cls("node", int(number), strict, ingress_threads)
+        if text not in POLICIES:
+            raise ValueError(f"must be one of {', '.join(POLICIES)} or node:N, got {text!r}")
+        return cls(text, None, strict, ingress_threads)
+
+    @property
+    def label(self) -> str:
+        return f"node:{self.node}" if self.kind == "node" else self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    cpus: tuple[int, ...]  # the worker (and its backend's threads) is pinned to these
+    threads: int  # compute threads of its session (the worker included), one per CPU
+    node: int  # where its memory is bound (-1: its CPUs span nodes; roundrobin only)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPlan:
+    model: str
+    workers: tuple[WorkerPlan, ...]
+    shared: bool = False  # its CPUs also run another model's workers (rule 1's last resort)
+
+    @property
+    def busy_threads(self) -> int:
+        return sum(w.threads for w in self.workers)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    policy: str
+    budget: int  # Topology.busy_threads
+    ingress_cpus: tuple[int, ...]  # () : the ingress threads are not pinned
+    models: tuple[ModelPlan, ...]
+    warnings: tuple[str, ...] = ()
+    ingress_threads: int = 0
+
+    @property
+    def busy_threads(self) -> int:
+        return self.ingress_threads + sum(m.busy_threads for m in self.models)
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.busy_threads > self.budget
+
+    def model(self, name: str) -> ModelPlan:
+        for m in self.models:
+            if m.model == name:
+                return m
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "budget": self.budget,
+            "busy_threads": self.busy_threads,
+            "oversubscribed": self.oversubscribed,
+            "ingress_cpus": list(self.ingress_cpus),
+            "models": {
+                m.model: {
+                    "shared": m.shared,
+                    "workers": [
+                        {"cpus": list(w.cpus), "threads": w.threads, "node": w.node} for w in m.workers
+                    ],
+                }
+                for m in self.models
+            },
+            "warnings": list(self.warnings),
+        }
+
+
+def preference_order(topo: Topology, node: int) -> list[int]:
+    """The node's usable CPUs, first thread of every physical core first, SMT siblings after."""
+    usable = set(topo.usable_cpus)
+    by_rank: dict[int, list[int]] = {}
+    for cpu in topo.cpus:
+        if cpu.node == node and cpu.id in usable:
+            rank = sorted(s for s in cpu.siblings if s in usable or s == cpu.id).index(cpu.id)
+            by_rank.setdefault(rank, []).append(cpu.id)
+    return [c for rank in sorted(by_rank) for c in by_rank[rank]]
+
+
+def plan_placement(topo: Topology, demands: Sequence[Demand], policy: Policy) -> Plan:
+    """The plan for ``demands`` on ``topo`` under ``policy`` (see the rules at the top)."""
+    if policy.kind == "roundrobin":
+        return _round_robin(topo, demands, policy)
+    return _Planner(topo, demands, policy).plan()
+
+
+@dataclass(slots=True)
+class _Planner:
+    topo: Topology
+    demands: Sequence[Demand]
+    policy: Policy
+    free: dict[int, list[int]] = field(default_factory=dict)  # node -> CPUs not yet given, in order
+    warnings: list[str] = field(default_factory=list)
+    given: dict[int, int] = field(default_factory=dict)  # CPU -> busy threads placed on it so far
+    planned: tuple[int, ...] = ()  # the CPUs the plan uses (the policy's nodes, within the quota)
+
+    def plan(self) -> Plan:
+        topo, policy = self.topo, self.policy
+        nodes = [n.id for n in topo.nodes if preference_order(topo, n.id)]
+        if not nodes:
+            raise PlacementError("no usable CPU: the affinity and the cgroup's cpuset leave none")
+        if policy.kind == "node":
+            if policy.node not in [n.id for n in topo.nodes]:
+                raise PlacementError(
+                    f"policy node:{policy.node}: no such NUMA node (nodes: {[n.id for n in topo.nodes]})"
+                )
+            if policy.node not in nodes:
+                raise PlacementError(f"policy node:{policy.node}: the node has no CPU this process may use")
+            nodes = [policy.node]
+        self.free = {n: preference_order(topo, n) for n in nodes}
+        self._apply_quota()
+        self.planned = tuple(sorted(c for v in self.free.values() for c in v))
+        self._check_explicit()
+        cpus_left = sum(len(v) for v in self.free.values())
+        auto = [d for d in self.demands if not d.cores]
+        ingress: tuple[int, ...] = ()
+        if policy.ingress_threads and cpus_left - policy.ingress_threads >= len(auto):
+            first = self.free[nodes[0]]
+            ingress = tuple(first[-policy.ingress_threads :])
+            del first[-policy.ingress_threads :]
+            self._give(ingress)
+        crowded = bool(policy.ingress_threads) and not ingress and bool(auto)
+        if crowded:
+            self._cut(
+                f"{len(auto)} model(s) and {policy.ingress_threads} ingress thread(s) need more than the "
+                f"{cpus_left} CPU(s) left: each model's workers are placed round-robin over all of them, "
+                "sharing them with the other models and the ingress"
+            )
+        plans: dict[str, ModelPlan] = {}
+        for d in self.demands:
+            if d.cores:
+                plans[d.model] = self._explicit(d)
+        # models tied to a node first: they have fewer choices
+        ordered = sorted(auto, key=lambda d: d.node is None)
+        for i, d in enumerate(ordered):
+            plans[d.model] = self._crowded(d) if crowded else self._share(d, ordered[i:])
+        doubled = {c for c, n in self.given.items() if n > 1}
+        models = tuple(
+            replace(plans[d.model], shared=True)
+            if any(set(w.cpus) & doubled for w in plans[d.model].workers)
+            else plans[d.model]
+            for d in self.demands
+        )
+        return Plan(
+            policy=policy.label,
+            budget=topo.busy_threads,
+            ingress_cpus=ingress,
+            models=models,
+            warnings=tuple(self.warnings),
+            ingress_threads=policy.ingress_threads,
+        )
+
+    # ---- steps ----------------------------------------------------------------------------------
+
+    def _cut(self, message: str) -> None:
+        if self.policy.strict:
+            raise PlacementError(f"{message} (strict placement refuses to shrink or share)")
+        self.warnings.append(message)
+
+    def _apply_quota(self) -> None:
+        """Rule 5: keep ``busy_threads`` CPUs, taken in the policy's order."""
+        keep = self.topo.busy_threads
+        total = sum(len(v) for v in self.free.values())
+        if keep >= total:
+            return
+        kept: dict[int, list[int]] = {n: [] for n in self.free}
+        queues = {n: list(v) for n, v in self.free.items()}
+        while keep > 0:
+            for n in list(queues):
+                if keep == 0:
+                    break
+                if queues[n]:
+                    kept[n].append(queues[n].pop(0))
+                    keep -= 1
+                    if self.policy.kind == "pack":
+                        break  # pack: one node until it is empty
+                else:
+                    del queues[n]
+        self.free = {n: v for n, v in kept.items()}
+
+    def _check_explicit(self) -> None:
+        usable = set(self.topo.usable_cpus)
+        node_ids = [n.id for n in self.topo.nodes]
+        owner: dict[int, str] = {}
+        for d in self.demands:
+            if d.node is not None and d.node not in node_ids:
+                raise PlacementError(
+                    f"{d.model}: instance_group.numa_node {d.node}: no such node (nodes: {node_ids})"
+                )
+            if d.node is not None and not preference_order(self.topo, d.node):
+                raise PlacementError(
+                    f"{d.model}: instance_group.numa_node {d.node}: the node has no CPU this process may use "
+                    f"(usable: {format_cpulist(self.topo.usable_cpus)})"
+                )
+            for i, cpu in enumerate(d.cores):
+                if cpu not in usable:
+                    raise PlacementError(
+                        f"{d.model}: instance_group.cores[{i}] = {cpu} is not usable by this process "
+                        f"(usable: {format_cpulist(self.topo.usable_cpus)})"
+                    )
+                if cpu in owner:
+                    raise PlacementError(
+                        f"{d.model}: instance_group.cores[{i}] = {cpu} is also given to {owner[cpu]}: "
+                        "two models' workers on one CPU would compete for it"
+                    )
+                owner[cpu] = d.model
+
+    def _take(self, cpus: Sequence[int]) -> None:
+        for v in self.free.values():
+            v[:] = [c for c in v if c not in cpus]
+
+    def _give(self, cpus: Sequence[int]) -> None:
+        for c in cpus:
+            self.given[c] = self.given.get(c, 0) + 1
+
+    def _explicit(self, d: Demand) -> ModelPlan:
+        self._take(d.cores)
+        count = d.count or len(d.cores)
+        if count > len(d.cores):
+            self._cut(
+                f"{d.model}: {count} instances asked on {len(d.cores)} given core(s): {len(d.cores)} started"
+            )
+            count = len(d.cores)
+        threads = len(d.cores) // count
+        workers = []
+        for i in range(count):
+            cpus = d.cores[i * threads : (i + 1) * threads]
+            nodes = {self.topo.node_of(c) for c in cpus}
+            if len(nodes) > 1:
+                self.warnings.append(
+                    f"{d.model}: instance {i}'s cores {format_cpulist(cpus)} span nodes {sorted(nodes)}"
+                )
+            workers.append(WorkerPlan(cpus, threads, min(nodes) if len(nodes) == 1 else -1))
+            self._give(cpus)
+        return ModelPlan(d.model, tuple(workers))
+
+    def _share(self, d: Demand, rest: Sequence[Demand]) -> ModelPlan:
+        """Rule 7: this model's even share of what is left, then its instances cut from it."""
+        pools = [d.node] if d.node is not None else list(self.free)
+        if d.node is not None and d.node not in self.free:
+            raise PlacementError(
+                f"{d.model}: instance_group.numa_node {d.node} is outside policy {self.policy.label}"
+            )
+        left = sum(len(self.free[n]) for n in pools)
+        everyone = sum(len(v) for v in self.free.values())
+        share = min(left, -(-everyone // len(rest)))  # rounded up: when CPUs run short, the last share
+        if share == 0 or left == 0:
+            return self._shared(d)
+        count = d.count or share
+        if count > share:
+            self._cut(f"{d.model}: {count} instances asked, {share} CPU(s) for it: {share} started")
+            count = share
+        threads = min(share // count, max(len(self.free[n]) for n in pools))  # rule 3: one node
+        workers = []
+        for i in range(count):
+            node = self._node_for(pools, threads, i)
+            avail = self.free[node]
+            if not avail:  # the share spanned nodes and the rest ran out
+                self._cut(f"{d.model}: {i} of {count} instances placed, no CPU left for the rest")
+                break
+            if len(avail) < threads:  # no node has room for a whole instance: fewer threads
+                self._cut(
+                    f"{d.model}: instance {i} gets {len(avail)} thread(s), no node had {threads} CPUs free"
+                )
+            cpus = tuple(avail[:threads])
+            del avail[: len(cpus)]
+            self._give(cpus)
+            workers.append(WorkerPlan(cpus, len(cpus), node))
+        return ModelPlan(d.model, tuple(workers))
+
+    def _crowded(self, d: Demand) -> ModelPlan:
+        """Rule 6's crowded case: ``count`` instances (0: one per CPU) dealt over the plan's nodes
+        (its own node if it is tied to one), round-robin over each node's plan CPUs (rule 8)."""
+        nodes = [d.node] if d.node is not None else sorted({self.topo.node_of(c) for c in self.planned})
+        by_node = {n: [c for c in self.planned if self.topo.node_of(c) == n] for n in nodes}
+        by_node = {n: cpus or preference_order(self.topo, n) for n, cpus in by_node.items()}
+        count = d.count or sum(len(v) for v in by_node.values())
+        workers = []
+        for k, node in enumerate(nodes):
+            for cpus in round_robin(len(range(k, count, len(nodes))), by_node[node]):
+                self._give(cpus)
+                workers.append(WorkerPlan(cpus, len(cpus), node))
+        return ModelPlan(d.model, tuple(workers))
+
+    def _node_for(self, pools: list[int], threads: int, i: int) -> int:
+        """spread: the next node in turn with room; pack and node:N: the first with room."""
+        fits = [n for n in pools if len(self.free[n]) >= threads] or [
+            max(pools, key=lambda n: len(self.free[n]))
+        ]
+        if self.policy.kind == "spread":
+            return max(fits, key=lambda n: (len(self.free[n]), -n))
+        return fits[0]
+
+    def _shared(self, d: Demand) -> ModelPlan:
+        """Rule 1's last resort: no CPU left for this model; one single-threaded worker on the CPU
+        the fewest other workers were given (its node's, if it is tied to one)."""
+        candidates = [c for c in self.planned if d.node is None or self.topo.node_of(c) == d.node]
+        candidates = candidates or preference_order(self.topo, d.node if d.node is not None else 0)
+        cpu = min(candidates, key=lambda c: (self.given.get(c, 0), -c))  # the least given; the last on ties
+        self._give((cpu,))
+        self._cut(
+            f"{d.model}: no CPU left for it ({len(self.demands)} models and {self.policy.ingress_threads} ingress "
+            f"thread(s) on {self.topo.busy_threads} CPU(s)): one worker sharing CPU {cpu}"
+        )
+        return ModelPlan(d.model, (WorkerPlan((cpu,), 1, self.topo.node_of(cpu)),), shared=True)
+
+
+def round_robin(n_workers: int, cpus: Sequence[int]) -> list[tuple[int, ...]]:
+    """Rule 8: each worker's CPUs. With fewer workers than CPUs, each gets a disjoint run of
+    len(cpus) // n_workers (a backend's pool, started by the pinned worker, inherits its affinity:
+    with one CPU it would crowd every compute thread onto it); otherwise one CPU each, in turn."""
+    intra = max(1, len(cpus) // max(n_workers, 1))
+    return [tuple(cpus[(i * intra + k) % len(cpus)] for k in range(intra)) for i in range(n_workers)]
+
+
+def _round_robin(topo: Topology, demands: Sequence[Demand], policy: Policy) -> Plan:
+    models = []
+    for d in demands:
+        mine = d.cores or topo.usable_cpus
+        workers = []
+        for cpus in round_robin(d.count or len(mine), mine):
+            nodes = {topo.node_of(c) for c in cpus}
+            workers.append(WorkerPlan(cpus, len(cpus), min(nodes) if len(nodes) == 1 else -1))
+        models.append(ModelPlan(d.model, tuple(workers)))
+    return Plan("roundrobin", topo.busy_threads, (), tuple(models), (), policy.ingress_threads)
+
+
+def describe_plan(plan: Plan) -> str:
+    """The plan as a table (``lumenrt topology --plan``)."""
+    lines = [
+        f"placement plan: policy {plan.policy}; busy threads {plan.busy_threads} of {plan.budget}"
+        + (" (OVERSUBSCRIBED)" if plan.oversubscribed else ""),
+        f"ingress: {plan.ingress_threads} thread(s) on "
+        + (format_cpulist(plan.ingress_cpus) if plan.ingress_cpus else "any usable CPU"),
+        "| model | instance | CPUs | threads | memory node |",
+        "|---|---|---|---|---|",
+    ]
+    for m in plan.models:
+        for i, w in enumerate(m.workers):
+            node = str(w.node) if w.node >= 0 else "spans nodes"
+            lines.append(
+                f"| {m.model} | {i} | {format_cpulist(w.cpus)}{' (shared)' if m.shared else ''} | {w.threads} "
+                f"| {node} |"
+            )
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines)
