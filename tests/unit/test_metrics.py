@@ -59,7 +59,7 @@ class FakeRuntime:
     stats: dict[str, Any] = field(default_factory=dict)
     placement: list[dict[str, Any]] = field(default_factory=list)  # ModelRuntime.placement_report()
 
-    def placement_report(self) -> list[dict[str, Any]]:
+    def placement_report(self, max_age_s: float = 0.0) -> list[dict[str, Any]]:
         return self.placement
 
     def statistics(self) -> dict[str, Any]:

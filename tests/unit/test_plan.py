@@ -189,3 +189,71 @@ def test_roundrobin_is_the_placement_before_planning(tmp_path: Path) -> None:
 def test_a_bad_policy_is_named(text: str) -> None:
     with pytest.raises(ValueError, match=repr(text)):
         Policy.parse(text)
+
+
+def test_explicit_cores_are_taken_before_the_ingress(tmp_path: Path) -> None:
+    """no_numa: CPUs 0-3, 3 the ingress's usual pick; a model claiming CPU 3 keeps it alone."""
+    topo = machine("no_numa", tmp_path)
+    plan = plan_placement(topo, [Demand("a", cores=(3,)), Demand("b")], serve())
+    assert 3 not in plan.ingress_cpus and plan.ingress_cpus
+    assert cpus_of(plan, "a") == [(3,)] and not plan.model("a").shared
+    assert not {3, *plan.ingress_cpus} & {c for cpus in cpus_of(plan, "b") for c in cpus}
+    assert not plan.oversubscribed and plan.warnings == ()
+
+
+def test_explicit_cores_over_the_quota_are_said_or_refused(tmp_path: Path) -> None:
+    topo = machine("container_cpuset_and_quota", tmp_path)  # a quota of one busy thread
+    plan = plan_placement(topo, [Demand("a", cores=(3, 4))], Policy.parse("spread"))
+    assert plan.oversubscribed and any("busy threads" in w for w in plan.warnings)
+    with pytest.raises(PlacementError, match="strict"):
+        plan_placement(topo, [Demand("a", cores=(3, 4))], Policy.parse("spread", strict=True))
+
+
+def test_models_tied_to_one_node_share_it_fairly(tmp_path: Path) -> None:
+    topo = machine("four_nodes_asymmetric", tmp_path)  # 4 CPUs a node
+    plan = plan_placement(
+        topo, [Demand("a", node=1), Demand("b", node=1)], Policy.parse("spread", strict=True)
+    )
+    assert [sorted(c for cpus in cpus_of(plan, m) for c in cpus) for m in ("a", "b")] == [[4, 5], [6, 7]]
+
+
+def test_the_crowded_case_keeps_a_tied_model_inside_the_policy(tmp_path: Path) -> None:
+    topo = machine("container_cpuset_and_quota", tmp_path)
+    with pytest.raises(PlacementError, match="numa_node 1 is outside policy node:0"):
+        plan_placement(topo, [Demand("a", node=1), Demand("b")], Policy.parse("node:0", ingress_threads=1))
+
+
+def test_roundrobin_says_when_it_is_over_budget_and_keeps_numa_node(tmp_path: Path) -> None:
+    topo = machine("four_nodes_asymmetric", tmp_path)
+    plan = plan_placement(topo, [Demand("a"), Demand("b", node=2)], serve("roundrobin"))
+    assert plan.oversubscribed and any("busy threads" in w for w in plan.warnings)
+    assert {c for cpus in cpus_of(plan, "b") for c in cpus} == {8, 9, 10, 11}
+    with pytest.raises(PlacementError, match="strict"):
+        plan_placement(topo, [Demand("a"), Demand("b")], serve("roundrobin", strict=True))
+
+
+def test_cores_off_their_numa_node_are_refused(tmp_path: Path) -> None:
+    topo = machine("four_nodes_asymmetric", tmp_path)
+    with pytest.raises(PlacementError, match=r"a: instance_group.cores\[1\] = 4 is not on node 0"):
+        plan_placement(topo, [Demand("a", cores=(0, 4), node=0)], Policy.parse("spread"))
+
+
+def test_models_already_running_keep_their_cpus(tmp_path: Path) -> None:
+    """A model loaded later is planned around the running ones' CPUs, which do not move."""
+    topo = machine("four_nodes_asymmetric", tmp_path)
+    first = plan_placement(topo, [Demand("a")], Policy.parse("spread"))
+    held = {"a": first.model("a")}
+    later = plan_placement(topo, [Demand("a"), Demand("b")], Policy.parse("spread"), running=held)
+    assert later.model("a").workers == first.model("a").workers  # all 16 CPUs: b must share, and says so
+    assert later.model("b").shared and any("b: no CPU left" in w for w in later.warnings)
+    half = plan_placement(topo, [Demand("a", count=2, node=0)], Policy.parse("spread"))
+    both = plan_placement(
+        topo,
+        [Demand("a", count=2, node=0), Demand("b")],
+        Policy.parse("spread"),
+        running={"a": half.model("a")},
+    )
+    assert both.model("a").workers == half.model("a").workers
+    assert not {c for w in half.model("a").workers for c in w.cpus} & {
+        c for cpus in cpus_of(both, "b") for c in cpus
+    }

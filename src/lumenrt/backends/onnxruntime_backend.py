@@ -160,6 +160,11 @@ SESSION_OPTIONS: dict[str, _OptionSetter] = {
 _PLACEMENT_OWNED = frozenset({"intra_op_num_threads", "inter_op_num_threads"})
 
 
+def pins_pool(placement: Placement) -> bool:
+    """Whether a session for ``placement`` pins its intra-op pool's threads, one to a core."""
+    return 2 <= placement.intra_op_threads <= len(placement.cores)
+
+
 def session_options(placement: Placement, options: Any, source: str) -> ort.SessionOptions:
     """SessionOptions for one model instance: threads from ``placement``, no spinning, sequential
     execution, all graph optimizations, then the overrides in ``options``
@@ -176,10 +181,11 @@ def session_options(placement: Placement, options: Any, source: str) -> ort.Sess
     # ORT runs on the caller's thread and there is no pool to spin).
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    if 2 <= placement.intra_op_threads <= len(placement.cores):
+    if pins_pool(placement):
         # The pool's threads (all but the caller's) one to a planned core each, in the order the
-        # plan gave them: the caller (the worker) keeps cores[0]. ONNX Runtime numbers processors
-        # from 1 (checked here: "2" ran the thread on CPU 1).
+        # plan gave them: the caller (the worker) keeps cores[0] (engine/placing.py narrows it there
+        # once the session exists). ONNX Runtime numbers processors from 1 (checked here: "2" ran
+        # the thread on CPU 1).
         so.add_session_config_entry(
             "session.intra_op_thread_affinities",
             ";".join(str(c + 1) for c in placement.cores[1 : placement.intra_op_threads]),
@@ -225,6 +231,7 @@ class OnnxRuntimeSession:
     # and device ownership (CPU only here), ~3 us of a ~10 us digits_mlp call. ORT's own code
     # keeps ``_sess`` as the pybind session; if a release drops it, the public run is used.
     core: Any = None
+    pool_pinned: bool = False  # its pool's threads are pinned to placement.cores[1:] (pins_pool)
 
     def __post_init__(self) -> None:
         inner = getattr(self.session, "_sess", None)
@@ -334,7 +341,9 @@ class OnnxRuntimeBackend:
         feeds = tuple((arg.name, _feed_dtype(arg.name, arg.type, source)) for arg in session.get_inputs())
         model_outputs = [arg.name for arg in session.get_outputs()]
         output_names = select_outputs(model_outputs, config.outputs, source)
-        return OnnxRuntimeSession(session=session, feeds=feeds, output_names=output_names)
+        return OnnxRuntimeSession(
+            session=session, feeds=feeds, output_names=output_names, pool_pinned=pins_pool(placement)
+        )
 
 
 def select_outputs(model_outputs: Sequence[str], wanted: Sequence[TensorSpec], source: str) -> list[str]:

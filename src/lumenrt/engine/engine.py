@@ -51,7 +51,7 @@ from lumenrt.native import (
     Ring,
     ring_required_bytes,
 )
-from lumenrt.placement.plan import Plan, round_robin
+from lumenrt.placement.plan import ModelPlan, Plan, round_robin
 from lumenrt.placement.running import LOCALITY_WARN_BELOW
 
 logger = logging.getLogger(__name__)
@@ -227,9 +227,11 @@ class Engine:
         self.plan: Plan | None = None
         try:
             found = {name: self.repository.load(name) for name in names}
-            self._replan({name: versions[-1].config for name, versions in found.items() if versions})
+            configs = {name: versions[-1].config for name, versions in found.items() if versions}
+            plan = self._plan(configs, {})
             for name in names:
-                self._start(name, found[name])
+                self._start(name, found[name], plan)
+            self.plan, self._configs = plan, configs
         except BaseException:
             self.close()
             raise
@@ -241,22 +243,28 @@ class Engine:
         does not know yet (or whose instance_group changed) is planned with the others; the models
         already running keep their places."""
         loaded = self.repository.load(name)
+        plan, configs = self.plan, self._configs
         if loaded and (
-            name not in self._configs
-            or self._configs[name].instance_group != loaded[-1].config.instance_group
+            name not in configs or configs[name].instance_group != loaded[-1].config.instance_group
         ):
-            self._replan({**self._configs, name: loaded[-1].config})
-        self._start(name, loaded)
+            configs = {**configs, name: loaded[-1].config}
+            running = (
+                {}
+                if plan is None
+                else {n: plan.model(n) for n in self._runtimes if n != name and n in configs}
+            )
+            plan = self._plan(configs, running)
+        self._start(name, loaded, plan)
+        self.plan, self._configs = plan, configs  # only once the model runs
 
-    def _replan(self, configs: dict[str, ModelConfig]) -> None:
-        plan = plan_engine(list(configs.values()), self.settings, self.ingress_threads)
+    def _plan(self, configs: dict[str, ModelConfig], running: dict[str, ModelPlan]) -> Plan:
+        plan = plan_engine(list(configs.values()), self.settings, self.ingress_threads, running=running)
         for warning in plan.warnings:
             logger.warning("placement: %s", warning)
-        self.plan, self._configs = plan, configs
+        return plan
 
-    def _start(self, name: str, loaded: list[Any]) -> None:
+    def _start(self, name: str, loaded: list[Any], plan: Plan | None) -> None:
         fresh: dict[int, ModelRuntime] = {}
-        assert self.plan is not None or not loaded
         try:
             for lm in loaded:
                 runtime = ModelRuntime(
@@ -265,14 +273,14 @@ class Engine:
                     model_path=lm.model_path,
                     backend=get_backend(lm.config.backend, lm.config.source),
                     placements=placements_of(
-                        self.plan,
+                        plan,
                         name,
                         pin=self.settings.pin,
                         # roundrobin is the placement before planning: pinning only
                         bind_memory=self.settings.memory_binding == "bind"
                         and self.settings.placement != "roundrobin",
                     )
-                    if self.plan is not None
+                    if plan is not None
                     else [],
                     options=RuntimeOptions(
                         queue_type=self.settings.queue_type,
@@ -308,21 +316,33 @@ class Engine:
         """Every loaded model version's workers: planned CPUs, threads and node, and where their
         memory is (ModelRuntime.placement_report)."""
         return {
-            name: {v: rt.placement_report() for v, rt in versions.items()}
-            for name, versions in self._runtimes.items()
+            name: {v: rt.placement_report() for v, rt in list(versions.items())}
+            for name, versions in list(self._runtimes.items())  # a load may run meanwhile
         }
 
     def _check_locality(self, runtime: ModelRuntime) -> None:
+        """Warn at load where a share means something: a worker process's own memory, and the
+        model's bound region (a thread-mode worker's share is its whole process's, the same for
+        workers on every node, so it is reported, never warned about)."""
         for w in runtime.placement_report():
-            share = w["local_share"]
-            if share is not None and share < LOCALITY_WARN_BELOW:
-                logger.warning(
-                    "placement: model %s worker %d: %.1f%% of its memory is on its node %d",
-                    runtime.config.name,
-                    w["worker"],
-                    100 * share,
-                    w["node"],
-                )
+            for key, what in (
+                ("local_share", "its process's memory"),
+                ("region_local_share", "the model's region"),
+            ):
+                share = w[key]
+                if key == "local_share" and not w["own_process"]:
+                    continue
+                if key == "region_local_share" and w["region_node"] < 0:
+                    continue
+                if share is not None and share < LOCALITY_WARN_BELOW:
+                    logger.warning(
+                        "placement: model %s worker %d: %.1f%% of %s is on its node %d",
+                        runtime.config.name,
+                        w["worker"],
+                        100 * share,
+                        what,
+                        w["node"],
+                    )
 
     def unload(self, name: str) -> None:
         self._configs.pop(name, None)  # its CPUs go to the next model planned

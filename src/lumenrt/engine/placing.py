@@ -14,26 +14,37 @@ What the settings decide:
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from lumenrt.backends.base import Placement
 from lumenrt.engine.config import ConfigError, ModelConfig
-from lumenrt.engine.server_config import EngineConfig
+from lumenrt.engine.server_config import EngineConfig, usable_cores
 from lumenrt.placement.memory import set_thread_memory_node
-from lumenrt.placement.plan import Demand, PlacementError, Plan, Policy, plan_placement
-from lumenrt.placement.topology import Topology, read_topology
+from lumenrt.placement.plan import Demand, ModelPlan, PlacementError, Plan, Policy, plan_placement
+from lumenrt.placement.topology import Topology, TopologyError, flat_topology, format_cpulist, read_topology
 
 logger = logging.getLogger(__name__)
 
 
 def engine_topology(settings: EngineConfig, root: str = "/") -> Topology:
     """This machine as the engine may use it: ``engine.cores`` narrows the usable CPUs (of this
-    machine: a fake tree under another ``root`` is taken as it is)."""
-    topo = read_topology(root)
+    machine: a fake tree under another ``root`` is taken as it is). Where sysfs cannot be read (a
+    sandbox without it), one node of the CPUs this process may use, with a warning."""
+    try:
+        topo = read_topology(root)
+    except TopologyError as exc:
+        if str(root) != "/":
+            raise
+        logger.warning("placement: %s; planning on one node of CPUs %s", exc, list(usable_cores()))
+        topo = flat_topology(usable_cores())
     if str(root) != "/":
         return topo
-    usable = tuple(c for c in topo.usable_cpus if c in set(settings.cores)) or topo.usable_cpus
+    usable = tuple(c for c in topo.usable_cpus if c in set(settings.cores))
+    if not usable:
+        raise PlacementError(
+            f"engine.cores {list(settings.cores)}: none is usable (usable: {format_cpulist(topo.usable_cpus)})"
+        )
     return replace(topo, usable_cpus=usable, busy_threads=min(topo.busy_threads, len(usable)))
 
 
@@ -63,14 +74,16 @@ def plan_engine(
     settings: EngineConfig,
     ingress_threads: int = 0,
     topology: Topology | None = None,
+    running: Mapping[str, ModelPlan] | None = None,
 ) -> Plan:
-    """The plan for these models (one config per model) under the engine settings."""
+    """The plan for these models (one config per model) under the engine settings; ``running``:
+    those already running, which keep their places."""
     policy = Policy.parse(
         settings.placement, strict=settings.placement_strict, ingress_threads=ingress_threads
     )
     topo = topology if topology is not None else engine_topology(settings)
     try:
-        return plan_placement(topo, [demand_for(c, settings) for c in configs], policy)
+        return plan_placement(topo, [demand_for(c, settings) for c in configs], policy, running)
     except PlacementError as exc:
         raise PlacementError(f"placement ({policy.label}): {exc}") from None
 
@@ -106,3 +119,12 @@ def bind_this_thread(placement: Placement) -> bool:
         )
         return False
     return True
+
+
+def narrow_after_load(placement: Placement, session: object) -> None:
+    """Once a worker's session exists: a backend that pinned its pool's threads one to a core of
+    ``placement.cores[1:]`` (ONNX Runtime, ``pool_pinned``) leaves the worker ``cores[0]``, so that
+    no two of the worker's compute threads share a core. Other backends start their pools later, in
+    the worker's first run, and need the worker on all its cores for them to inherit."""
+    if placement.cores and getattr(session, "pool_pinned", False):
+        os.sched_setaffinity(0, placement.cores[:1])

@@ -37,7 +37,7 @@ from lumenrt.engine.descriptors import (
     request_rows,
 )
 from lumenrt.engine.execute import execute_batch
-from lumenrt.engine.placing import bind_this_thread
+from lumenrt.engine.placing import bind_this_thread, narrow_after_load
 from lumenrt.engine.request import Array
 from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
 from lumenrt.engine.worker import batch_plan, batch_policy, zeros_for
@@ -124,6 +124,8 @@ def worker_main(spec: WorkerSpec) -> None:
     config = spec.config
     try:
         session = get_backend(config.backend, config.source).load(spec.model_path, config, spec.placement)
+        if spec.pin:
+            narrow_after_load(spec.placement, session)
         for _ in range(config.warmup):
             session.run(zeros_for(config, 1))
     except Exception as e:  # one line for the operator; the supervisor sees the exit code

@@ -45,8 +45,8 @@ Shutdown order
 
 import contextlib
 import logging
+import os
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +91,7 @@ from lumenrt.native import (
     ring_required_bytes,
     slab_required_bytes,
 )
-from lumenrt.placement.memory import LocalityError, bind_memory, locality, read_numa_maps
+from lumenrt.placement.memory import LocalityError, bind_memory, locality, read_numa_maps, thread_policy
 
 ARENA_BUDGET_BYTES = 256 << 20  # per model, process pool; guessed: bounds shared memory for big-input models
 ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
@@ -239,6 +239,8 @@ class ModelRuntime:
             config, backend, model_path, options, placements, process_mode=options.worker_mode == "process"
         )
         self.placements = placements
+        self._report: list[dict[str, Any]] | None = None  # placement_report's last, and when
+        self._report_at = 0.0
         self.workers = pool_class(self, backend=backend, model_path=model_path, placements=placements)
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -636,41 +638,46 @@ class ModelRuntime:
 
     # ---- statistics -----------------------------------------------------------------------
 
-    def placement_report(self) -> list[dict[str, Any]]:
+    def placement_report(self, max_age_s: float = 0.0) -> list[dict[str, Any]]:
         """Each worker's planned place and where its memory is, read from procfs: the memory policy
-        its thread runs under (``bind:N`` once bound: /proc/<pid>/task/<tid>/numa_maps shows the
-        thread's policy for every mapping without one of its own), the share of its process's
-        resident memory on its node (thread mode: the engine's whole process), and the share of the
-        model's region (rings, arena, table) on it. Reads a file per worker: for statistics and
-        metrics, never on the request path."""
-        out = []
+        its thread runs under (``bind:N`` once bound), the share of its process's resident memory
+        on its node (thread mode: the engine's whole process, the same for every worker), and the
+        share of the model's region (rings, arena, table) on it. One numa_maps read per process
+        (the kernel walks its page tables) and one line per worker: for statistics and metrics,
+        never on the request path; ``max_age_s`` > 0 returns the last report if it is that recent
+        (the metrics scrape does)."""
+        now = time.monotonic()
+        if self._report is not None and now - self._report_at <= max_age_s:
+            return self._report
+        tasks = self.workers.tasks()
+        maps: dict[int, list[Any]] = {}
+        for pid in {os.getpid(), *(pid for pid, _ in tasks if pid)}:
+            try:
+                maps[pid] = read_numa_maps(pid)
+            except (OSError, LocalityError):
+                maps[pid] = []  # the worker went meanwhile, or no NUMA support in this kernel
+        own = maps[os.getpid()]  # the region as this process maps it (a worker process maps it elsewhere)
         region = (self.region.address, self.region.address + self.region.size)
-        try:  # the region as this process maps it (a worker process maps it elsewhere)
-            own = read_numa_maps()
-        except (OSError, LocalityError):
-            own = []
-        for i, ((pid, tid), p) in enumerate(zip(self.workers.tasks(), self.placements, strict=True)):
-            entry: dict[str, Any] = {
-                "worker": i,
-                "cpus": list(p.cores),
-                "threads": p.intra_op_threads,
-                "node": p.node,
-                "pid": pid,
-                "memory_policy": None,
-                "local_share": None,
-                "region_node": self.region_node,  # the model's shared region, bound (-1: not)
-                # of the region's resident pages, the share on the worker's node
-                "region_local_share": locality(own, p.node, [region]).share if own and p.node >= 0 else None,
-            }
-            if tid and p.node >= 0:
-                try:
-                    maps = read_numa_maps(f"{pid}/task/{tid}")
-                except (OSError, LocalityError):
-                    maps = []  # the worker went meanwhile, or no NUMA support in this kernel
-                if maps:
-                    entry["memory_policy"] = Counter(m.policy for m in maps).most_common(1)[0][0]
-                    entry["local_share"] = locality(maps, p.node).share
-            out.append(entry)
+        out = []
+        for i, ((pid, tid), p) in enumerate(zip(tasks, self.placements, strict=True)):
+            bound = tid and p.node >= 0
+            out.append(
+                {
+                    "worker": i,
+                    "cpus": list(p.cores),
+                    "threads": p.intra_op_threads,
+                    "node": p.node,
+                    "pid": pid,
+                    "own_process": bool(pid) and pid != os.getpid(),  # process mode: its share is its own
+                    "memory_policy": thread_policy(pid, tid) if bound else None,
+                    "local_share": locality(maps[pid], p.node).share if bound and maps.get(pid) else None,
+                    "region_node": self.region_node,  # the model's region is bound there (-1: not)
+                    "region_local_share": locality(own, p.node, [region]).share
+                    if own and p.node >= 0
+                    else None,
+                }
+            )
+        self._report, self._report_at = out, now
         return out
 
     def statistics(self) -> dict[str, Any]:

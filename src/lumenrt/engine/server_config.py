@@ -132,7 +132,9 @@ class EngineConfig:
 
     queue_type: str = "mpmc"
     allocator_type: str = "lumen_arena"
-    thread_count: int = 0  # workers; 0 = one per core in ``cores`` (1 with spsc)
+    thread_count: int = (
+        0  # workers per model, placed round-robin; 0 = planned (resolved: one per core, 1 with spsc)
+    )
     batch_size: int = 0  # cap on rows per batch for every model (lowers max_batch_size); 0 = no cap
     worker_mode: str = "thread"
     pin: bool = True  # pin each worker to one core of ``cores``
@@ -174,6 +176,14 @@ class EngineConfig:
             )
         if self.placement == "auto":
             object.__setattr__(self, "placement", "roundrobin" if self.thread_count else "spread")
+        elif self.thread_count and self.placement != "roundrobin":
+            raise ConfigError(
+                src,
+                "engine.thread_count",
+                f"gives every model {self.thread_count} workers placed round-robin (placement "
+                f"'roundrobin'), but placement is {self.placement!r}: with a planned placement give a "
+                "model its instance_group.count, or leave placement out",
+            )
         if self.allocator_type == "standard" and self.worker_mode == "process":
             raise ConfigError(
                 src,
@@ -217,6 +227,8 @@ class EngineConfig:
         """Plain JSON-ready values, for recording in benchmark result files."""
         out = asdict(self)
         out["cores"] = list(self.cores)
+        if self.placement != "roundrobin":  # planned: the plan decides each model's workers
+            out["thread_count"] = 0
         out["host_policies"] = {
             p.name: {
                 **({"numa-node": p.numa_node} if p.numa_node is not None else {}),

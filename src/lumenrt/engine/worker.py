@@ -31,7 +31,7 @@ from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.descriptors import request_generation
 from lumenrt.engine.execute import CANCELLED_MESSAGE, BatchPlan, execute_batch, timed_out_message
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, add_counts, duration_buckets
-from lumenrt.engine.placing import bind_this_thread
+from lumenrt.engine.placing import bind_this_thread, narrow_after_load
 from lumenrt.engine.request import (
     Array,
     EngineError,
@@ -188,6 +188,8 @@ class ThreadWorker:
             if self._pin:
                 self.memory_bound = bind_this_thread(self.placement)
             session = self._backend.load(self._model_path, self.config, self.placement)
+            if self._pin:
+                narrow_after_load(self.placement, session)
             for _ in range(self.config.warmup):
                 session.run(zeros_for(self.config, 1))
         except BaseException as e:  # reported by the runtime at load

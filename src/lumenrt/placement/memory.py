@@ -92,6 +92,19 @@ def read_numa_maps(pid: int | str = "self", root: Path | str = "/") -> list[Mapp
     return maps
 
 
+def thread_policy(pid: int, tid: int, root: Path | str = "/") -> str | None:
+    """The memory policy thread ``tid`` of ``pid`` runs under, as the kernel writes it: the first
+    line of its ``numa_maps`` (a mapping without a policy of its own shows the thread's). Reads one
+    line, so the kernel walks one mapping, not the process (None: no mapping, or the thread ended)."""
+    path = Path(root) / "proc" / str(pid) / "task" / str(tid) / "numa_maps"
+    try:
+        with path.open() as f:
+            line = f.readline()
+    except OSError:
+        return None
+    return _parse_line(line, f"{path}:1").policy if line.strip() else None
+
+
 def _parse_line(line: str, where: str) -> Mapping:
     head = _HEAD.fullmatch(line.rstrip())
     if head is None:

@@ -45,7 +45,7 @@ Rules, in the order applied
 This module reads nothing: it is a function of its inputs, so the tests give it fake machines.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -164,11 +164,15 @@ def preference_order(topo: Topology, node: int) -> list[int]:
     return [c for rank in sorted(by_rank) for c in by_rank[rank]]
 
 
-def plan_placement(topo: Topology, demands: Sequence[Demand], policy: Policy) -> Plan:
-    """The plan for ``demands`` on ``topo`` under ``policy`` (see the rules at the top)."""
+def plan_placement(
+    topo: Topology, demands: Sequence[Demand], policy: Policy, running: Mapping[str, ModelPlan] | None = None
+) -> Plan:
+    """The plan for ``demands`` on ``topo`` under ``policy`` (see the rules at the top).
+    ``running``: the models of ``demands`` already running, with their places, which the plan keeps
+    (workers do not move); the others are planned around them."""
     if policy.kind == "roundrobin":
         return _round_robin(topo, demands, policy)
-    return _Planner(topo, demands, policy).plan()
+    return _Planner(topo, demands, policy, dict(running or {})).plan()
 
 
 @dataclass(slots=True)
@@ -176,10 +180,12 @@ class _Planner:
     topo: Topology
     demands: Sequence[Demand]
     policy: Policy
+    running: dict[str, ModelPlan]
     free: dict[int, list[int]] = field(default_factory=dict)  # node -> CPUs not yet given, in order
     warnings: list[str] = field(default_factory=list)
     given: dict[int, int] = field(default_factory=dict)  # CPU -> busy threads placed on it so far
     planned: tuple[int, ...] = ()  # the CPUs the plan uses (the policy's nodes, within the quota)
+    cuts: int = 0  # warnings that shrink or share (rule 1)
 
     def plan(self) -> Plan:
         topo, policy = self.topo, self.policy
@@ -198,8 +204,17 @@ class _Planner:
         self._apply_quota()
         self.planned = tuple(sorted(c for v in self.free.values() for c in v))
         self._check_explicit()
+        plans: dict[str, ModelPlan] = {}
+        for d in self.demands:  # what is held or claimed first: the ingress and the others plan around it
+            if d.model in self.running:
+                plans[d.model] = held = self.running[d.model]
+                for w in held.workers:
+                    self._take(w.cpus)
+                    self._give(w.cpus)
+            elif d.cores:
+                plans[d.model] = self._explicit(d)
         cpus_left = sum(len(v) for v in self.free.values())
-        auto = [d for d in self.demands if not d.cores]
+        auto = [d for d in self.demands if d.model not in plans]
         ingress: tuple[int, ...] = ()
         if policy.ingress_threads and cpus_left - policy.ingress_threads >= len(auto):
             first = self.free[nodes[0]]
@@ -213,10 +228,6 @@ class _Planner:
                 f"{cpus_left} CPU(s) left: each model's workers are placed round-robin over all of them, "
                 "sharing them with the other models and the ingress"
             )
-        plans: dict[str, ModelPlan] = {}
-        for d in self.demands:
-            if d.cores:
-                plans[d.model] = self._explicit(d)
         # models tied to a node first: they have fewer choices
         ordered = sorted(auto, key=lambda d: d.node is None)
         for i, d in enumerate(ordered):
@@ -228,6 +239,9 @@ class _Planner:
             else plans[d.model]
             for d in self.demands
         )
+        busy = policy.ingress_threads + sum(m.busy_threads for m in models)
+        if busy > topo.busy_threads and not self.cuts:  # rule 1: an overrun no cut has explained
+            self._cut(f"{busy} busy threads planned for a budget of {topo.busy_threads}")
         return Plan(
             policy=policy.label,
             budget=topo.busy_threads,
@@ -243,6 +257,7 @@ class _Planner:
         if self.policy.strict:
             raise PlacementError(f"{message} (strict placement refuses to shrink or share)")
         self.warnings.append(message)
+        self.cuts += 1
 
     def _apply_quota(self) -> None:
         """Rule 5: keep ``busy_threads`` CPUs, taken in the policy's order."""
@@ -280,6 +295,11 @@ class _Planner:
                     f"(usable: {format_cpulist(self.topo.usable_cpus)})"
                 )
             for i, cpu in enumerate(d.cores):
+                if d.node is not None and cpu in usable and self.topo.node_of(cpu) != d.node:
+                    raise PlacementError(
+                        f"{d.model}: instance_group.cores[{i}] = {cpu} is not on node {d.node}, "
+                        f"which its host policy names"
+                    )
                 if cpu not in usable:
                     raise PlacementError(
                         f"{d.model}: instance_group.cores[{i}] = {cpu} is not usable by this process "
@@ -329,8 +349,11 @@ class _Planner:
                 f"{d.model}: instance_group.numa_node {d.node} is outside policy {self.policy.label}"
             )
         left = sum(len(self.free[n]) for n in pools)
-        everyone = sum(len(v) for v in self.free.values())
-        share = min(left, -(-everyone // len(rest)))  # rounded up: when CPUs run short, the last share
+        if d.node is None:
+            share = -(-sum(len(v) for v in self.free.values()) // len(rest))
+        else:  # divided among the models that may use its node (the untied ones too)
+            share = -(-left // len([r for r in rest if r.node in (None, d.node)]))
+        share = min(left, share)  # rounded up: when CPUs run short, the last ones share
         if share == 0 or left == 0:
             return self._shared(d)
         count = d.count or share
@@ -358,6 +381,10 @@ class _Planner:
     def _crowded(self, d: Demand) -> ModelPlan:
         """Rule 6's crowded case: ``count`` instances (0: one per CPU) dealt over the plan's nodes
         (its own node if it is tied to one), round-robin over each node's plan CPUs (rule 8)."""
+        if d.node is not None and d.node not in self.free:
+            raise PlacementError(
+                f"{d.model}: instance_group.numa_node {d.node} is outside policy {self.policy.label}"
+            )
         nodes = [d.node] if d.node is not None else sorted({self.topo.node_of(c) for c in self.planned})
         by_node = {n: [c for c in self.planned if self.topo.node_of(c) == n] for n in nodes}
         by_node = {n: cpus or preference_order(self.topo, n) for n, cpus in by_node.items()}
@@ -403,13 +430,22 @@ def round_robin(n_workers: int, cpus: Sequence[int]) -> list[tuple[int, ...]]:
 def _round_robin(topo: Topology, demands: Sequence[Demand], policy: Policy) -> Plan:
     models = []
     for d in demands:
-        mine = d.cores or topo.usable_cpus
+        mine = d.cores or (preference_order(topo, d.node) if d.node is not None else topo.usable_cpus)
+        if not mine:
+            raise PlacementError(f"{d.model}: instance_group.numa_node {d.node}: no usable CPU there")
         workers = []
         for cpus in round_robin(d.count or len(mine), mine):
             nodes = {topo.node_of(c) for c in cpus}
             workers.append(WorkerPlan(cpus, len(cpus), min(nodes) if len(nodes) == 1 else -1))
         models.append(ModelPlan(d.model, tuple(workers)))
-    return Plan("roundrobin", topo.busy_threads, (), tuple(models), (), policy.ingress_threads)
+    busy = policy.ingress_threads + sum(m.busy_threads for m in models)
+    warnings: tuple[str, ...] = ()
+    if busy > topo.busy_threads:  # rule 1: said, or refused if strict
+        message = f"roundrobin: {busy} busy threads for a budget of {topo.busy_threads}"
+        if policy.strict:
+            raise PlacementError(f"{message} (strict placement refuses to shrink or share)")
+        warnings = (message,)
+    return Plan("roundrobin", topo.busy_threads, (), tuple(models), warnings, policy.ingress_threads)
 
 
 def describe_plan(plan: Plan) -> str:

@@ -143,6 +143,22 @@ def read_topology(root: Path | str = "/", pid: int | str = "self") -> Topology:
     )
 
 
+def flat_topology(cpus: tuple[int, ...] | list[int]) -> Topology:
+    """A machine known only by the CPUs this process may use: one node, no SMT, no limits."""
+    ids = tuple(sorted(cpus))
+    return Topology(
+        nodes=(Node(0, ids, 0, (10,)),),
+        cpus=tuple(Cpu(i, 0, 0, i, (i,)) for i in ids),
+        isolated=(),
+        affinity=ids,
+        cgroup_version=0,
+        cpuset=(),
+        quota_cpus=None,
+        usable_cpus=ids,
+        busy_threads=len(ids),
+    )
+
+
 # ---- pieces ----------------------------------------------------------------------------------------
 
 
