@@ -56,11 +56,14 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         ("topology",),
-        "show the machine as placement sees it: NUMA nodes, cores, caches, affinity, cgroup limits",
+        "show the machine as placement sees it, the plan lumenrt serve would make, a live server's places",
         "Read sysfs and procfs (no root needed): NUMA nodes with their CPUs, memory and distances, "
         "physical cores and SMT siblings, the CPUs sharing each L3, this process's affinity, its "
         "cgroup's cpuset and CPU quota, isolated CPUs; then the CPUs placement may use and how many "
-        "threads it may keep busy at once. --json for a machine-readable form.",
+        "threads it may keep busy at once. --plan: the placement plan lumenrt serve would use for a "
+        "repository and config (which CPUs, threads and memory node each model's workers get; nothing "
+        "is loaded). --running PID: a live server's threads' CPUs and memory by node. --json for a "
+        "machine-readable form.",
         "lumenrt.topology_cli:add_arguments",
         "lumenrt.topology_cli:run_from_args",
     ),

@@ -25,13 +25,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the process whose affinity and cgroup count (default: this one; with --root, the "
         "folder name under proc/)",
     )
-    plan = p.add_argument_group("the plan lumenrt serve would use")
+    plan = p.add_argument_group(
+        "the plan lumenrt serve would use (from the config's engine section and these flags; its "
+        "server section is not read)"
+    )
     plan.add_argument("--plan", action="store_true", help="print the placement plan for the repository")
     plan.add_argument("--repository", type=Path, help="model repository (default: the built-in models)")
     plan.add_argument("--models", nargs="+", metavar="NAME", help="only these models (default: all)")
     plan.add_argument("--config", type=Path, help="server config file (its 'engine' section)")
     plan.add_argument("--placement", metavar="POLICY", help="spread | pack | node:N | roundrobin")
     plan.add_argument("--workers", type=int, help="as lumenrt serve --workers (placement roundrobin)")
+    plan.add_argument(
+        "--placement-strict",
+        action="store_true",
+        default=None,
+        help="as lumenrt serve --placement-strict: refuse a plan that must shrink or share",
+    )
     plan.add_argument(
         "--ingress-threads", type=int, default=1, help="front-end threads to count (lumenrt serve: 1)"
     )
@@ -67,7 +76,12 @@ def _plan(args: argparse.Namespace) -> int:
 
     try:
         settings = load_engine_config(
-            args.config, {"placement": args.placement, "thread_count": args.workers}
+            args.config,
+            {
+                "placement": args.placement,
+                "thread_count": args.workers,
+                "placement_strict": args.placement_strict,
+            },
         )
         if args.repository is None:
             from lumenrt.models.builtin import ensure_builtin_repository
