@@ -12,6 +12,7 @@ import pytest
 
 from lumenrt.engine.engine import Engine
 from lumenrt.engine.server_config import EngineConfig
+from lumenrt.ingress.service import InferenceService
 from lumenrt.models.builtin import builtin_examples
 
 MODEL = "digits_mlp"
@@ -33,6 +34,11 @@ def test_planned_workers_are_bound_to_their_node_and_read_all_local(mode: str) -
             # the model's region (rings, arena, table): bound before first use, read in the worker's
             # view (process mode: the worker's own mapping of the shared region)
             assert w["region_node"] == 0 and w["region_local_share"] == 1.0, w
+        # the same report in the model statistics (GET /v2/models/<name>/stats, "lumenrt")
+        (stats,) = InferenceService(engine).statistics(MODEL)["model_stats"]
+        assert [w["memory_policy"] for w in stats["lumenrt"]["placement"]] == ["bind:0"] * len(
+            report[MODEL][1]
+        )
 
 
 def test_first_touch_pins_without_a_memory_policy() -> None:

@@ -97,6 +97,11 @@ ARENA_BUDGET_BYTES = 256 << 20  # per model, process pool; guessed: bounds share
 ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
 
 
+# A scrape or a statistics request reads numa_maps (page-table walks) at most this often per model,
+# on the event loop (placement_report): guessed, a few ms per read on the 2-CPU VM, against
+# Prometheus's usual 15 s interval.
+PLACEMENT_REPORT_MAX_AGE_S = 30.0
+
 logger = logging.getLogger(__name__)
 
 

@@ -25,6 +25,7 @@ from lumenrt import __version__
 from lumenrt.engine.engine import Engine
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, duration_buckets
 from lumenrt.engine.request import Array, InferRequest, StageTimes
+from lumenrt.engine.runtime import PLACEMENT_REPORT_MAX_AGE_S
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
 from lumenrt.ingress.rate_limit import RateLimiter
@@ -331,7 +332,11 @@ class InferenceService:
                 }
                 for rows, n in sorted(batches.items())
             ],
-            "lumenrt": {k: v for k, v in s.items() if k not in _NOT_IN_LUMENRT_STATS},
+            "lumenrt": {
+                **{k: v for k, v in s.items() if k not in _NOT_IN_LUMENRT_STATS},
+                # each worker's CPUs, threads, node and memory locality (read at most every 30 s)
+                "placement": rt.placement_report(max_age_s=PLACEMENT_REPORT_MAX_AGE_S),
+            },
         }
 
     # ---- model repository ---------------------------------------------------------------------

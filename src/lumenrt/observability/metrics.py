@@ -39,6 +39,7 @@ from prometheus_client.metrics_core import (
 )
 
 from lumenrt.engine.histograms import BATCH_SIZE_BOUNDS, DURATION_BOUNDS_NS
+from lumenrt.engine.runtime import PLACEMENT_REPORT_MAX_AGE_S
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what ``exposition`` returns: the text format 0.0.4
 PROTOCOLS = ("http", "grpc", "tcp", "inprocess")
@@ -122,11 +123,6 @@ class _ModelNumbers:
         if key == "request_us":
             return (c.success_ns + c.fail_ns) // 1000 if c else 0
         return int(s.get(key.replace("_us", "_ns"), 0)) // 1000  # queue, input, infer, output
-
-
-# A scrape reads numa_maps (page-table walks) at most this often per model, on the event loop:
-# guessed, a few milliseconds per read on the 2-CPU VM against Prometheus's usual 15 s interval.
-PLACEMENT_REPORT_MAX_AGE_S = 30.0
 
 
 class ServiceCollector:
