@@ -5,9 +5,10 @@
     await app.shutdown()       # readiness false, new requests refused, in-flight ones finish
 
 Shutdown order (what ``lumenrt serve`` does on SIGINT/SIGTERM):
-  1. the service stops accepting: readiness turns false and every new request is answered 503
-     (the listeners stay open, so load balancers see the readiness change and clients get a
-     clear answer rather than a refused connection);
+  0. readiness turns false, and for ``limits.drain_delay_s`` new requests are still served: a load
+     balancer that polls readiness stops sending here before anything is refused;
+  1. the service stops accepting: every new request is answered 503 (the listeners stay open, so
+     clients get a clear answer rather than a refused connection);
   2. requests in flight finish, for at most ``limits.grace_s``;
   3. the listeners close, then the front ends close their connections; the caller then closes
      the engine, which stops its workers (process mode: the worker processes exit and the shared
@@ -156,6 +157,7 @@ class ServerApp:
         """Drain and stop; True if every in-flight request finished within the grace period."""
         if self._watch is not None:
             self._watch.cancel()
+        await self.service.announce_drain(self.options.limits.drain_delay_s)
         self.service.stop_accepting()
         drained = await self.service.wait_idle(self.options.limits.grace_s)
         for fe in self.front_ends.values():

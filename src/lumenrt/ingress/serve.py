@@ -1,9 +1,10 @@
 """``lumenrt serve``: load a repository, listen on HTTP, gRPC and TCP, stop cleanly on a signal.
 
-Shutdown on SIGINT or SIGTERM (see ``ServerApp``): readiness turns false, new requests are
-refused (503), no worker process is replaced any more, requests in flight finish within
-``--grace-s``, then the engine stops its workers and the process exits 0. A second signal during
-the drain skips the rest of the grace period.
+Shutdown on SIGINT or SIGTERM (see ``ServerApp``): readiness turns false; new requests are still
+served for ``--drain-delay-s`` (default 0: behind a load balancer, longer than its readiness check
+interval), then refused (503); no worker process is replaced any more, requests in flight finish
+within ``--grace-s``, then the engine stops its workers and the process exits 0. A second signal
+skips the rest of the drain delay and of the grace period.
 
 Other exits: process-mode workers share only unnamed memory with the server (nothing in /dev/shm)
 and die with it (parent-death signal), so even SIGKILL of the server leaves no process and no
@@ -213,6 +214,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--grace-s", type=float, default=d.grace_s, help="shutdown: time in-flight requests get to finish"
     )
     lim.add_argument(
+        "--drain-delay-s",
+        type=float,
+        default=d.drain_delay_s,
+        help="shutdown: readiness turns false at once, but new requests are still served this long, so "
+        "that a load balancer polling /v2/health/ready stops sending before any is refused (default "
+        f"{d.drain_delay_s:g}: refused at once; behind a balancer, more than its check interval)",
+    )
+    lim.add_argument(
         "--max-connections-per-client",
         type=int,
         default=d.max_connections_per_client,
@@ -334,6 +343,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             receive_timeout_s=args.receive_timeout_s,
             idle_timeout_s=args.idle_timeout_s,
             grace_s=args.grace_s,
+            drain_delay_s=args.drain_delay_s,
             max_connections_per_client=args.max_connections_per_client,
         )
     except (ConfigError, OSError) as exc:
@@ -375,6 +385,10 @@ def _security(args: argparse.Namespace) -> dict[str, Any]:
     from lumenrt.ingress.tls import TlsFiles, server_context
 
     out: dict[str, Any] = {"auth": None, "rate_limits": None, "tls": None}
+    for flag in ("grace_s", "drain_delay_s"):
+        value = getattr(args, flag)
+        if not value >= 0:  # NaN too
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0 seconds, got {value}")
     if args.max_connections_per_client < 0:
         raise ValueError(
             f"--max-connections-per-client must be >= 0 (0: no limit), got {args.max_connections_per_client}"

@@ -62,6 +62,9 @@ class ServeLimits:
     receive_timeout_s: float = 30.0  # a started request must arrive whole within this
     idle_timeout_s: float = 300.0  # an idle keep-alive connection is closed after this
     grace_s: float = 10.0  # shutdown: how long in-flight requests may take to finish
+    # shutdown: how long new requests are still served after readiness turns false, so that a load
+    # balancer polling readiness stops sending before any request is refused (0: refused at once)
+    drain_delay_s: float = 0.0
     max_headers: int = 100  # HTTP header fields in one request (431 past it)
     max_chunks: int = 4096  # chunks of one chunked HTTP body (413 past it)
     max_connections_per_client: int = 512  # open connections from one address (0: no limit)
@@ -184,6 +187,7 @@ class InferenceService:
         self.engine = engine
         self.limits = limits or ServeLimits()
         self.accepting = True
+        self.draining = False  # shutdown began: readiness false, requests still served (drain_delay_s)
         self.in_flight = 0
         self._drain_cut = False  # set by cut_drain(): wait_idle returns at once
         self._lane_turn = False  # a request ran inline in this turn of the event loop
@@ -208,10 +212,10 @@ class InferenceService:
         return not self.engine.closed
 
     def ready(self) -> bool:
-        return self.accepting and self.engine.ready()
+        return self.accepting and not self.draining and self.engine.ready()
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
-        return self.accepting and self.engine.ready(name, parse_version(version, name))
+        return self.accepting and not self.draining and self.engine.ready(name, parse_version(version, name))
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
@@ -742,12 +746,22 @@ class InferenceService:
 
     # ---- shutdown -----------------------------------------------------------------------------
 
+    async def announce_drain(self, delay_s: float) -> None:
+        """Readiness false, requests still served for ``delay_s`` (or until ``cut_drain``): the
+        time a load balancer polling readiness needs to stop sending here."""
+        self.draining = True
+        deadline = time.monotonic() + delay_s
+        while not self._drain_cut and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.01, max(deadline - time.monotonic(), 0)))
+
     def stop_accepting(self) -> None:
         """Readiness false; new requests are refused from now on."""
+        self.draining = True
         self.accepting = False
 
     def cut_drain(self) -> None:
-        """Stop waiting for in-flight requests (their answers are dropped with the connections)."""
+        """Stop waiting: the drain delay ends and in-flight requests are not waited for (their
+        answers are dropped with the connections)."""
         self._drain_cut = True
 
     async def wait_idle(self, timeout_s: float) -> bool:
