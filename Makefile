@@ -40,6 +40,19 @@ install: $(BIN)/python
 	  (apt-get install -y -q prometheus >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus >/dev/null 2>&1)) || \
 	  echo "note: could not install Debian's prometheus: the Prometheus scrape e2e test will be skipped"
+	@command -v haproxy >/dev/null || \
+	  (apt-get install -y -q haproxy >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q haproxy >/dev/null 2>&1)) || \
+	  echo "note: could not install Debian's haproxy: the replicas-behind-a-balancer e2e test will be skipped"
+	@$(MAKE) --no-print-directory $(KSERVE_VENV)/bin/python || \
+	  echo "note: could not create $(KSERVE_VENV): the KServe SDK e2e tests will be skipped"
+
+# KServe's Python SDK (its InferenceRESTClient and InferenceGRPCClient) for the e2e tests, in a venv of
+# its own: it pins protobuf<7, which our gRPC gencode cannot use. The tests run its clients there.
+KSERVE_VENV := .venv-kserve
+$(KSERVE_VENV)/bin/python:
+	$(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/pip install -q kserve==0.21.0 || (rm -rf $(KSERVE_VENV); false)
 
 serve: install
 	$(BIN)/lumenrt serve $(ARGS)

@@ -3,6 +3,7 @@ once but requests are still answered for the delay, then refused with 503; a sec
 (``cut_drain``) ends the delay early."""
 
 import asyncio
+import contextlib
 import http.client
 import json
 import time
@@ -44,10 +45,9 @@ def test_requests_are_served_through_the_delay_then_refused() -> None:
             deadline = time.monotonic() + 5
             while server.app.service.accepting and time.monotonic() < deadline:
                 time.sleep(0.01)
-            try:  # refused: 503 while in-flight requests finish, or no listener once they have
+            # refused: 503 while in-flight requests finish, or no listener once they have
+            with contextlib.suppress(ConnectionRefusedError):
                 assert request(port, "POST", f"/v2/models/{MODEL}/infer", BODY) == 503
-            except ConnectionRefusedError:
-                pass
             assert shutdown.result(10) is True
 
 

@@ -1,7 +1,7 @@
 """KServe V2 over HTTP/1.1: asyncio (uvloop) + httptools, no framework on the hot path.
 
 Routes (``{v}`` optional: ``/versions/{v}`` after the model name):
-  GET  /v2/health/live | /v2/health/ready          200 / 503, empty body
+  GET  /v2/health/live | /v2/health/ready          200 / 503, {"live"|"ready": bool}
   GET  /v2                                         server metadata (extensions)
   GET  /v2/models/{m}[/versions/{v}]               model metadata
   GET  /v2/models/{m}[/versions/{v}]/ready         200 / 503
@@ -538,8 +538,10 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
         _method(get, req, "GET")
         if gate is not None:
             _allow(gate, req, "health")
+        # the status is the answer (the protocol's); the body says it too, as KServe's server does
+        # and its Python SDK reads ({"live": true} / {"ready": false})
         ok = service.live() if rest[1] == "live" else service.ready()
-        return Response(200 if ok else 503)
+        return json_response({rest[1]: ok}, 200 if ok else 503)
     if rest[0] == "repository":
         if gate is not None:
             _allow(gate, req, "model-repository")
