@@ -65,6 +65,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "idle_timeout_s": (1.5, 1.5),
     "grace_s": (2, 2.0),
     "drain_delay_s": (1, 1.0),
+    "log_format": ("json", "json"),
     "log_level": ("debug", "debug"),
     "access_log": ("-", "-"),
     "trace": ("http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/v1/traces"),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lumenrt.ingress.service import ServeLimits
+from lumenrt.observability.logging import say
 
 logger = logging.getLogger(__name__)
 
@@ -280,11 +281,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "all models together, burst = one second's worth; over it: 429 + Retry-After. The --config "
         "file's rate_limits section sets per-model and per-key limits",
     )
-    from lumenrt.observability.logging import DEFAULT_LOG_LEVEL, LOG_LEVELS
+    from lumenrt.observability.logging import DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 
     logs = p.add_argument_group("logs and traces")
     logs.add_argument(
         "--log-level", choices=LOG_LEVELS, default=DEFAULT_LOG_LEVEL, help="the server's log (stderr)"
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: log lines on stderr, lifecycle lines plain on stdout; json: one JSON object per "
+        "line on stdout for both (for a container platform's log collector)",
     )
     logs.add_argument(
         "--access-log",
@@ -314,7 +322,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"lumenrt serve: {exc}", file=sys.stderr)
         return 2
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, log_format=args.log_format)
     if origin:
         given = {k: getattr(args, k) for k, where in origin.items() if where != "default"}
         source = f"the command line and {args.config}" if args.config is not None else "the command line"
@@ -347,22 +355,20 @@ def run_from_args(args: argparse.Namespace) -> int:
             max_connections_per_client=args.max_connections_per_client,
         )
     except (ConfigError, OSError) as exc:
-        print(f"lumenrt serve: {exc}", file=sys.stderr)
+        say(f"lumenrt serve: {exc}", error=True)
         return 2
     if args.no_metrics and args.metrics_port is not None:
-        print(
-            "lumenrt serve: --metrics-port and --no-metrics contradict each other: give one", file=sys.stderr
-        )
+        say("lumenrt serve: --metrics-port and --no-metrics contradict each other: give one", error=True)
         return 2
     try:
         security = _security(args)
     except (ConfigError, ValueError, OSError) as exc:
-        print(f"lumenrt serve: {exc}", file=sys.stderr)
+        say(f"lumenrt serve: {exc}", error=True)
         return 2
     try:
         access = _open_access_log(args.access_log, args.trace)
     except OSError as exc:
-        print(f"lumenrt serve: --access-log {args.access_log}: {exc}", file=sys.stderr)
+        say(f"lumenrt serve: --access-log {args.access_log}: {exc}", error=True)
         return 2
     from lumenrt.ingress.app import new_event_loop
 
@@ -470,25 +476,22 @@ async def _serve(
     def on_reload() -> None:
         if app_ref:
             done = app_ref[0].reload()
-            print(f"lumenrt serve: SIGHUP: reloaded {', '.join(done) or 'nothing'}", flush=True)
+            say(f"lumenrt serve: SIGHUP: reloaded {', '.join(done) or 'nothing'}")
 
     loop.add_signal_handler(signal.SIGHUP, on_reload)
     from lumenrt.native import clean_stale
 
     swept = clean_stale()
     if swept:
-        print(
-            f"lumenrt serve: removed {len(swept)} stale shared-memory segment(s) of dead processes",
-            flush=True,
-        )
-    print(f"lumenrt serve: loading models ({settings.label}, placement {settings.placement})", flush=True)
+        say(f"lumenrt serve: removed {len(swept)} stale shared-memory segment(s) of dead processes")
+    say(f"lumenrt serve: loading models ({settings.label}, placement {settings.placement})")
     try:
         engine = await loop.run_in_executor(
             None,
             lambda: Engine(args.repository, settings, models=args.models, ingress_threads=INGRESS_THREADS),
         )
     except Exception as exc:
-        print(f"lumenrt serve: cannot load the models: {exc}", file=sys.stderr)
+        say(f"lumenrt serve: cannot load the models: {exc}", error=True)
         return 2
     _place_ingress(engine)
     try:
@@ -507,7 +510,7 @@ async def _serve(
             ),
         )
     except ValueError as exc:
-        print(f"lumenrt serve: {exc}", file=sys.stderr)
+        say(f"lumenrt serve: {exc}", error=True)
         await loop.run_in_executor(None, engine.close)
         return 2
     app_ref.append(app)
@@ -516,27 +519,27 @@ async def _serve(
         try:
             await app.start()
         except OSError as exc:
-            print(f"lumenrt serve: cannot listen: {exc}", file=sys.stderr)
+            say(f"lumenrt serve: cannot listen: {exc}", error=True)
             return 2
         where = " ".join(f"{name}={args.host}:{port}" for name, port in app.ports.items())
         if app.tls is not None:
             where += " (TLS" + (", client certificates required)" if args.tls_client_ca else ")")
-        print(f"lumenrt serve: listening {where}", flush=True)
-        print(f"lumenrt serve: ready, models: {', '.join(engine.models())}", flush=True)
+        say(f"lumenrt serve: listening {where}")
+        say(f"lumenrt serve: ready, models: {', '.join(engine.models())}")
         await stop.wait()
-        print("lumenrt serve: shutting down (draining in-flight requests)", flush=True)
+        say("lumenrt serve: shutting down (draining in-flight requests)")
         engine.begin_shutdown()
         drain = asyncio.ensure_future(app.shutdown())
         while not drain.done():
             before = signals
             await asyncio.wait({drain}, timeout=0.05)
             if signals > before and not drain.done():
-                print("lumenrt serve: second signal, not waiting for in-flight requests", flush=True)
+                say("lumenrt serve: second signal, not waiting for in-flight requests")
                 app.service.cut_drain()
         drained = drain.result()
         if not drained:
-            print(f"lumenrt serve: grace period of {limits.grace_s:g} s over, requests dropped", flush=True)
+            say(f"lumenrt serve: grace period of {limits.grace_s:g} s over, requests dropped")
     finally:
         await loop.run_in_executor(None, engine.close)
-    print("lumenrt serve: stopped", flush=True)
+    say("lumenrt serve: stopped")
     return 0
