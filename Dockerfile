@@ -11,6 +11,9 @@ ARG BASE=debian:bookworm-slim
 
 FROM ${BASE} AS build
 ARG EXTRAS=""
+# behind a proxy with its own CA: mount its bundle and name it, e.g.
+#   --volume /etc/ssl/certs/ca-certificates.crt:/etc/proxy-ca.crt:ro --build-arg PIP_CERT=/etc/proxy-ca.crt
+ARG PIP_CERT=""
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc g++ make \
  && rm -rf /var/lib/apt/lists/*
@@ -18,7 +21,8 @@ WORKDIR /src
 COPY pyproject.toml README.md CMakeLists.txt ./
 COPY native native
 COPY src src
-RUN python3 -m venv /opt/lumenrt \
+RUN if [ -z "$PIP_CERT" ]; then unset PIP_CERT; fi \
+ && python3 -m venv /opt/lumenrt \
  && /opt/lumenrt/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/lumenrt/bin/pip install --no-cache-dir "./${EXTRAS:+[$EXTRAS]}" \
  && find /opt/lumenrt -name '__pycache__' -prune -exec rm -rf {} +

@@ -93,7 +93,7 @@ def workload(n: int) -> tuple[bytes, list[Check]]:
             checks.append(infer_check)
         elif kind == 2:
             raw.append(request("GET", "/v2/health/ready"))
-            checks.append(lambda status, body: _expect(status == 200 and body == b""))
+            checks.append(lambda status, body: _expect(status == 200 and body == b'{"ready":true}'))
         else:
             raw.append(request("GET", f"/v2/models/missing{i}"))
 
