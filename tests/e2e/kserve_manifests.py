@@ -20,7 +20,10 @@ import kserve.models
 import kubernetes.client.models
 import yaml
 
-KINDS = {"ClusterServingRuntime": "V1alpha1ClusterServingRuntime", "InferenceService": "V1beta1InferenceService"}
+KINDS = {
+    "ClusterServingRuntime": "V1alpha1ClusterServingRuntime",
+    "InferenceService": "V1beta1InferenceService",
+}
 SCALARS: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "int": (int,),

@@ -35,11 +35,23 @@ class Model:
 DATA = [[6.8, 2.8, 4.8, 1.4], [6.0, 3.4, 4.5, 1.6]]
 
 
-def test_kserve_rest_and_grpc_clients(tmp_path: Path) -> None:
-    (tmp_path / MODEL / "1").mkdir(parents=True)
-    (tmp_path / MODEL / "config.yaml").write_text(CONFIG)
-    (tmp_path / MODEL / "1" / "model.py").write_text(CODE)
-    with start_serve("--repository", str(tmp_path)) as server:
+@pytest.mark.parametrize("layout", ["repository", "model-dir"])
+def test_kserve_rest_and_grpc_clients(tmp_path: Path, layout: str) -> None:
+    """``repository``: a lumenrt repository (as the ClusterServingRuntime's --repository=/mnt/models
+    takes it); ``model-dir``: one model's files as KServe's storage initializer leaves them in
+    /mnt/models, served with --model-dir and --model-name."""
+    if layout == "repository":
+        (tmp_path / MODEL / "1").mkdir(parents=True)
+        (tmp_path / MODEL / "config.yaml").write_text(CONFIG)
+        (tmp_path / MODEL / "1" / "model.py").write_text(CODE)
+        flags = ["--repository", str(tmp_path)]
+    else:
+        mounted = tmp_path / "mnt" / "models"
+        mounted.mkdir(parents=True)
+        (mounted / "config.yaml").write_text(CONFIG)
+        (mounted / "model.py").write_text(CODE)
+        flags = ["--model-dir", str(mounted), "--model-name", MODEL]
+    with start_serve(*flags) as server:
         run = subprocess.run(
             [str(KSERVE_PYTHON), str(ROOT / "tests" / "e2e" / "kserve_client.py"),
              f"http://{server.http_url}", server.grpc_url, MODEL],

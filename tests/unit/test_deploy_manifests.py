@@ -96,7 +96,8 @@ def test_the_server_flags_fit_the_pod(where: str) -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     if where == "ClusterServingRuntime":
-        assert container["name"] == "kserve-container" and args.repository == Path("/mnt/models")
+        assert container["name"] == "kserve-container" and args.model_dir == Path("/mnt/models")
+        assert args.model_name == "{{.Name}}"  # KServe fills in the InferenceService's name
         assert (args.http_port, args.grpc_port) == (8080, 8081)
         assert {p.get("name") for p in container["ports"]} >= {"h2c"}
 

@@ -65,6 +65,8 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "idle_timeout_s": (1.5, 1.5),
     "grace_s": (2, 2.0),
     "drain_delay_s": (1, 1.0),
+    "model_dir": ("/mnt/models", Path("/mnt/models")),
+    "model_name": ("iris", "iris"),
     "log_format": ("json", "json"),
     "log_level": ("debug", "debug"),
     "access_log": ("-", "-"),

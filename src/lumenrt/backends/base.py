@@ -63,6 +63,17 @@ BUNDLED: dict[str, str] = {
     "python": "python_backend",
 }
 _unavailable: dict[str, str] = {}  # bundled backend name -> why it could not be imported
+# Which bundled backend reads a model file, by its name (each backend's ``model_files``, known here
+# without importing its library; tests/unit/test_model_dir.py keeps the two in step)
+BUNDLED_MODEL_FILES: dict[str, str] = {
+    "model.onnx": "onnxruntime",
+    "model.json": "xgboost",
+    "model.ubj": "xgboost",
+    "model.bst": "xgboost",
+    "model.pt": "pytorch",
+    "model.pt2": "pytorch",
+    "model.py": "python",
+}
 
 
 def register(backend: Backend) -> Backend:

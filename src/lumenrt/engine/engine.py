@@ -199,7 +199,7 @@ class _AsyncCompletions:
 class Engine:
     def __init__(
         self,
-        repository: str | Path | None = None,
+        repository: str | Path | ModelRepository | None = None,
         settings: EngineConfig | None = None,
         *,
         models: Iterable[str] | None = None,
@@ -211,7 +211,9 @@ class Engine:
             from lumenrt.models.builtin import ensure_builtin_repository
 
             repository = ensure_builtin_repository()
-        self.repository = ModelRepository(Path(repository))
+        self.repository = (
+            repository if isinstance(repository, ModelRepository) else ModelRepository(Path(repository))
+        )
         settings = settings or EngineConfig()
         self.settings = settings
         self._runtimes: dict[str, dict[int, ModelRuntime]] = {}

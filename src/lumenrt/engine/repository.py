@@ -74,18 +74,23 @@ class ModelRepository:
     the model file, a Python model's code) must resolve inside the repository: a symlink that
     leads out of it is refused (400) rather than followed."""
 
-    __slots__ = ("_real_root", "root")
+    __slots__ = ("_real_root", "_trusted", "root")
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, trusted: tuple[Path, ...] = ()) -> None:
+        """``trusted``: folders outside ``root`` that its links may lead into, as the operator said
+        (``lumenrt serve --model-dir``: a repository of links to the mounted model folder)."""
         self.root = Path(root)
         if not self.root.is_dir():
             raise ModelNotFound(f"{self.root}: model repository folder does not exist", self.root)
         self._real_root = self.root.resolve()
+        self._trusted = tuple(t.resolve() for t in trusted)
 
     def _inside(self, path: Path) -> Path:
         """``path`` if it resolves inside the repository; else a ConfigError (400) saying where to."""
         real = path.resolve()
-        if not real.is_relative_to(self._real_root):
+        if not real.is_relative_to(self._real_root) and not any(
+            real.is_relative_to(t) for t in self._trusted
+        ):
             raise ConfigError(
                 path,
                 "",

@@ -14,8 +14,10 @@ segment. Segments of older versions or of the demo whose owner died are swept at
 import argparse
 import asyncio
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="model repository folder (<repo>/<model>/config.yaml + <repo>/<model>/<version>/...); "
         "default: the built-in models (squeezenet, digits_mlp, tabular_xgb), built on first use",
+    )
+    what.add_argument(
+        "--model-dir",
+        type=Path,
+        metavar="DIR",
+        help="what a platform mounts (KServe: /mnt/models): a repository, or one model's folder (model.onnx, "
+        "model.json|ubj|bst, model.pt|pt2 or model.py, with or without a config.yaml) served as --model-name",
+    )
+    what.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="--model-dir with one model's files: its name (default: the folder's)",
     )
     what.add_argument("--models", nargs="+", metavar="NAME", help="load only these models (default: all)")
     what.add_argument(
@@ -370,6 +384,13 @@ def run_from_args(args: argparse.Namespace) -> int:
     except OSError as exc:
         say(f"lumenrt serve: --access-log {args.access_log}: {exc}", error=True)
         return 2
+    try:
+        links = _model_dir(args)
+    except ConfigError as exc:
+        say(f"lumenrt serve: {exc}", error=True)
+        if access is not None:
+            access.close()
+        return 2
     from lumenrt.ingress.app import new_event_loop
 
     loop = new_event_loop()
@@ -379,6 +400,32 @@ def run_from_args(args: argparse.Namespace) -> int:
         loop.close()
         if access is not None:  # after the loop: every answer has been recorded
             access.close()
+        if links is not None:
+            shutil.rmtree(links, ignore_errors=True)
+
+
+def _model_dir(args: argparse.Namespace) -> Path | None:
+    """``--model-dir``: sets ``args.repository`` (engine/model_dir.py); returns the temporary folder
+    of links it made, if any, for the caller to remove."""
+    from lumenrt.engine.config import ConfigError
+    from lumenrt.engine.model_dir import repository_for
+
+    if args.model_dir is None:
+        if args.model_name is not None:
+            raise ConfigError("--model-name", "", "names the model of --model-dir: give --model-dir too")
+        return None
+    if args.repository is not None:
+        raise ConfigError("--model-dir", "", "give --model-dir or --repository, not both")
+    work = Path(tempfile.mkdtemp(prefix="lumenrt-model-dir-"))
+    try:
+        args.repository = repository_for(args.model_dir, args.model_name, work)  # a ModelRepository
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if args.repository.root != work:  # a repository, served as it is
+        shutil.rmtree(work, ignore_errors=True)
+        return None
+    return work
 
 
 def _security(args: argparse.Namespace) -> dict[str, Any]:
