@@ -188,3 +188,33 @@ def test_lumenrt_serve_refuses_a_bad_server_section_with_one_line(
     assert main(["serve", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert err == f"lumenrt serve: {path}: server.http_port: port must be 0..65535 or 'off', got '70000'\n"
+
+
+def test_the_environment_gives_a_flag_between_the_command_line_and_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LUMENRT_<DEST>, as a container platform passes settings: read as the command line would."""
+    path = tmp_path / "lumenrt.yaml"
+    path.write_text("server: {http_port: 9000, grpc_port: 9001, log_format: text}\n")
+    monkeypatch.setenv("LUMENRT_HTTP_PORT", "8080")
+    monkeypatch.setenv("LUMENRT_GRPC_PORT", "off")
+    monkeypatch.setenv("LUMENRT_NO_PIN", "true")
+    monkeypatch.setenv("LUMENRT_MODELS", "digits_mlp squeezenet")
+    monkeypatch.setenv("LUMENRT_LOG_FORMAT", "json")
+    args = parser().parse_args(["--config", str(path), "--log-format", "text"])
+    origin = apply_server_section(args)
+    assert (args.http_port, args.grpc_port, args.no_pin, args.models) == (
+        8080,
+        None,
+        True,
+        ["digits_mlp", "squeezenet"],
+    )
+    assert args.log_format == "text" and origin["log_format"] == "command line"
+    assert origin["http_port"] == "$LUMENRT_HTTP_PORT"
+    monkeypatch.setenv("LUMENRT_HTTP_PORT", "eighty")
+    with pytest.raises(ConfigError, match=r"LUMENRT_HTTP_PORT: .*eighty"):
+        parse([])
+    monkeypatch.setenv("LUMENRT_HTTP_PORT", "8080")
+    monkeypatch.setenv("LUMENRT_LOG_FORMAT", "xml")
+    with pytest.raises(ConfigError, match=r"LUMENRT_LOG_FORMAT: .*invalid choice"):
+        parse([])

@@ -89,6 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "with the server and nothing is left in /dev/shm.\n"
         "\n--config file, section 'server': any flag above by its name with '_' for '-' (http_port: 0,\n"
         "  no_pin: true, access_log: '-'); the command line overrides it, and it overrides 'engine'.\n"
+        "Environment: any flag as LUMENRT_<NAME> (LUMENRT_HTTP_PORT=8080, LUMENRT_MODEL_DIR=/mnt/models,\n"
+        "  LUMENRT_NO_PIN=true), read as the command line reads it: below the command line, above --config.\n"
         "\n--config file keys (section 'engine'; the flags above override them):\n"
         "  queue_type        mpmc | spsc (one worker) | naive | batched             (--queue-type)\n"
         "  allocator_type    lumen_arena | standard (thread mode only)              (--allocator)\n"

@@ -10,8 +10,11 @@
 The section's schema is the serve parser itself: each key is an option's ``dest`` (the flag
 without ``--``, ``-`` as ``_``), and its value is checked as argparse checks the flag (the option's
 ``type``, ``choices``, ``nargs``), so a flag added to ``serve.add_arguments`` is accepted here with
-no more code. ``--config`` and ``--help`` are not keys. Precedence: the command line, then the
-``server`` section, then the flag's default; engine flags in ``server`` (``workers``) override
+no more code. ``--config`` and ``--help`` are not keys. Every flag can also come from the
+environment, as a platform passes settings: ``LUMENRT_<DEST>`` (``LUMENRT_HTTP_PORT=8080``,
+``LUMENRT_MODEL_DIR=/mnt/models``, ``LUMENRT_NO_PIN=true``), its text read as the command line
+would read it. Precedence: the command line, then the environment, then the ``server`` section,
+then the flag's default; engine flags in ``server`` (``workers``) override
 the ``engine`` section's keys (``thread_count``) as the flags do.
 
 How the command line is told apart from defaults: ``defer_defaults`` (the last call of
@@ -20,6 +23,7 @@ namespace holds only the flags that were given; ``apply_server_section`` fills i
 """
 
 import argparse
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -29,6 +33,7 @@ from lumenrt.engine.config import ConfigError, check_keys, read_config_file
 from lumenrt.engine.server_config import SECTIONS
 
 SECTION = "server"
+ENV_PREFIX = "LUMENRT_"  # LUMENRT_<DEST>: a flag from the environment
 FLAGS_ATTR = "serve_flags"  # the namespace attribute that carries the ServeFlags
 NOT_KEYS = ("help", "config")  # options that cannot come from the file
 
@@ -72,8 +77,12 @@ def apply_server_section(args: argparse.Namespace) -> dict[str, str]:
         section = check_keys(raw.get(SECTION) or {}, serve_flags.flags.keys(), path, SECTION)
     origin: dict[str, str] = {}
     for dest, flag in serve_flags.flags.items():
+        var = ENV_PREFIX + dest.upper()
         if hasattr(args, dest):
             origin[dest] = "command line"
+        elif var in os.environ:
+            setattr(args, dest, env_value(flag, os.environ[var], var))
+            origin[dest] = f"${var}"
         elif dest in section:
             assert path is not None
             setattr(args, dest, flag_value(flag, section[dest], path, f"{SECTION}.{dest}"))
@@ -82,6 +91,36 @@ def apply_server_section(args: argparse.Namespace) -> dict[str, str]:
             setattr(args, dest, flag.default)
             origin[dest] = "default"
     return origin
+
+
+def env_value(flag: Flag, text: str, var: str) -> Any:
+    """An environment variable's text as the flag would read it on the command line (a switch:
+    true/false, 1/0, yes/no; a list: words separated by spaces). ConfigError names the variable."""
+    action = flag.action
+    if action.nargs == 0:
+        words = {
+            "1": True,
+            "true": True,
+            "yes": True,
+            "on": True,
+            "0": False,
+            "false": False,
+            "no": False,
+            "off": False,
+        }
+        if text.strip().lower() not in words:
+            raise ConfigError(var, "", f"must be true or false (1/0, yes/no), got {text!r}")
+        return action.const if words[text.strip().lower()] else flag.default
+    many = action.nargs in ("+", "*")
+    one = argparse.ArgumentParser(prog=var, add_help=False, exit_on_error=False)
+    one.add_argument(
+        "value", type=action.type or str, choices=action.choices, nargs=action.nargs if many else None
+    )
+    try:
+        value = one.parse_args(text.split() if many else ["--", text]).value
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ConfigError(var, "", str(exc) or f"cannot read {text!r}") from None
+    return value
 
 
 def flag_value(flag: Flag, value: Any, source: Path, field: str) -> Any:
