@@ -198,17 +198,19 @@ def test_the_environment_gives_a_flag_between_the_command_line_and_the_file(
     path.write_text("server: {http_port: 9000, grpc_port: 9001, log_format: text}\n")
     monkeypatch.setenv("LUMENRT_HTTP_PORT", "8080")
     monkeypatch.setenv("LUMENRT_GRPC_PORT", "off")
-    monkeypatch.setenv("LUMENRT_NO_PIN", "true")
+    monkeypatch.setenv("LUMENRT_DRAIN_DELAY_S", "2.5")
+    monkeypatch.setenv("LUMENRT_API_KEYS", "keys: [{name: a, key: k}]")  # the keys, not --api-keys' file
     monkeypatch.setenv("LUMENRT_MODELS", "digits_mlp squeezenet")
     monkeypatch.setenv("LUMENRT_LOG_FORMAT", "json")
     args = parser().parse_args(["--config", str(path), "--log-format", "text"])
     origin = apply_server_section(args)
-    assert (args.http_port, args.grpc_port, args.no_pin, args.models) == (
+    assert (args.http_port, args.grpc_port, args.drain_delay_s, args.models) == (
         8080,
         None,
-        True,
+        2.5,
         ["digits_mlp", "squeezenet"],
     )
+    assert (args.api_keys, origin["api_keys"]) == (None, "default")
     assert args.log_format == "text" and origin["log_format"] == "command line"
     assert origin["http_port"] == "$LUMENRT_HTTP_PORT"
     monkeypatch.setenv("LUMENRT_HTTP_PORT", "eighty")

@@ -10,10 +10,11 @@
 The section's schema is the serve parser itself: each key is an option's ``dest`` (the flag
 without ``--``, ``-`` as ``_``), and its value is checked as argparse checks the flag (the option's
 ``type``, ``choices``, ``nargs``), so a flag added to ``serve.add_arguments`` is accepted here with
-no more code. ``--config`` and ``--help`` are not keys. Every flag can also come from the
-environment, as a platform passes settings: ``LUMENRT_<DEST>`` (``LUMENRT_HTTP_PORT=8080``,
-``LUMENRT_MODEL_DIR=/mnt/models``, ``LUMENRT_NO_PIN=true``), its text read as the command line
-would read it. Precedence: the command line, then the environment, then the ``server`` section,
+no more code. ``--config`` and ``--help`` are not keys. The flags a platform sets per deployment
+(``ENV_FLAGS``: where to listen, what to serve, logs, shutdown times) can also come from the
+environment as ``LUMENRT_<DEST>`` (``LUMENRT_HTTP_PORT=8080``, ``LUMENRT_MODEL_DIR=/mnt/models``),
+their text read as the command line would read it. Only those: other ``LUMENRT_`` variables mean
+other things (``LUMENRT_API_KEYS`` holds the keys themselves, not ``--api-keys``' file). Precedence: the command line, then the environment, then the ``server`` section,
 then the flag's default; engine flags in ``server`` (``workers``) override
 the ``engine`` section's keys (``thread_count``) as the flags do.
 
@@ -33,7 +34,22 @@ from lumenrt.engine.config import ConfigError, check_keys, read_config_file
 from lumenrt.engine.server_config import SECTIONS
 
 SECTION = "server"
-ENV_PREFIX = "LUMENRT_"  # LUMENRT_<DEST>: a flag from the environment
+ENV_PREFIX = "LUMENRT_"  # LUMENRT_<DEST>: one of ENV_FLAGS from the environment
+ENV_FLAGS = (
+    "host",
+    "http_port",
+    "grpc_port",
+    "tcp_port",
+    "metrics_port",
+    "repository",
+    "model_dir",
+    "model_name",
+    "models",
+    "log_level",
+    "log_format",
+    "grace_s",
+    "drain_delay_s",
+)
 FLAGS_ATTR = "serve_flags"  # the namespace attribute that carries the ServeFlags
 NOT_KEYS = ("help", "config")  # options that cannot come from the file
 
@@ -80,7 +96,7 @@ def apply_server_section(args: argparse.Namespace) -> dict[str, str]:
         var = ENV_PREFIX + dest.upper()
         if hasattr(args, dest):
             origin[dest] = "command line"
-        elif var in os.environ:
+        elif dest in ENV_FLAGS and var in os.environ:
             setattr(args, dest, env_value(flag, os.environ[var], var))
             origin[dest] = f"${var}"
         elif dest in section:
