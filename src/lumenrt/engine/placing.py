@@ -100,25 +100,23 @@ def placements_of(plan: Plan, model: str, *, pin: bool = True, bind_memory: bool
     ]
 
 
-def bind_this_thread(placement: Placement) -> bool:
+def bind_this_thread(placement: Placement) -> None:
     """Pin the calling thread (a worker, before it loads its session) to its CPUs, and bind the
     memory it allocates from now on (the session's weights, its batch buffers, its backend
-    threads' stacks: threads started later inherit both) to its node. Returns whether the memory
-    binding took: a container's seccomp profile may refuse set_mempolicy(2) (Docker's default does
+    threads' stacks: threads started later inherit both) to its node. The binding may not take:
+    a container's seccomp profile may refuse set_mempolicy(2) (Docker's default does
     without CAP_SYS_NICE); the pages then follow first touch by the pinned thread, which is local
     too as long as the thread stays on its node."""
     if placement.cores:
         os.sched_setaffinity(0, placement.cores)  # this thread only (Linux)
     if placement.node < 0 or not placement.bind_memory:
-        return False
+        return
     try:
         set_thread_memory_node(placement.node)
     except (OSError, ValueError) as exc:
         logger.warning(
             "placement: memory not bound to node %d (first touch instead): %s", placement.node, exc
         )
-        return False
-    return True
 
 
 def narrow_after_load(placement: Placement, session: object) -> None:

@@ -158,7 +158,6 @@ class ThreadWorker:
         self.stats = WorkerStats()
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
-        self.memory_bound = False  # its memory policy binds it to placement.node (engine/placing.py)
         self.native_id = 0  # its thread's id (0: not started), for /proc/<pid>/task/<tid>
         self._backend = backend
         self._model_path = model_path
@@ -186,7 +185,7 @@ class ThreadWorker:
         try:
             self.native_id = threading.get_native_id()
             if self._pin:
-                self.memory_bound = bind_this_thread(self.placement)
+                bind_this_thread(self.placement)
             session = self._backend.load(self._model_path, self.config, self.placement)
             if self._pin:
                 narrow_after_load(self.placement, session)

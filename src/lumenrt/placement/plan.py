@@ -155,13 +155,9 @@ class Plan:
 
 def preference_order(topo: Topology, node: int) -> list[int]:
     """The node's usable CPUs, first thread of every physical core first, SMT siblings after."""
-    usable = set(topo.usable_cpus)
-    by_rank: dict[int, list[int]] = {}
-    for cpu in topo.cpus:
-        if cpu.node == node and cpu.id in usable:
-            rank = sorted(s for s in cpu.siblings if s in usable or s == cpu.id).index(cpu.id)
-            by_rank.setdefault(rank, []).append(cpu.id)
-    return [c for rank in sorted(by_rank) for c in by_rank[rank]]
+    cores = [c for c in topo.physical_cores if topo.node_of(c[0]) == node]
+    depth = max((len(c) for c in cores), default=0)
+    return [c[k] for k in range(depth) for c in cores if k < len(c)]
 
 
 def plan_placement(
