@@ -63,7 +63,7 @@ def server(keys_file: Path) -> Iterator[ServerThread]:
     settings = EngineConfig(thread_count=1, pin=False)
     with Engine(models=[MODEL], settings=settings) as engine:
         gate = Gate(KeySource(path=keys_file), open_groups=["health"])
-        options = ServeOptions(http_port=0, grpc_port=0, tcp_port=0, auth=gate)
+        options = ServeOptions(http_port=0, grpc_port=0, tcp_port=0, auth=gate, allow_client_shm=True)
         with ServerThread(engine, options) as st:
             yield st
 
@@ -108,6 +108,8 @@ def call_http(st: ServerThread, group: str, key: str | None) -> int:
             client.get_inference_statistics(MODEL, headers=headers)
         elif group == "metrics":
             return _raw_http(st, "GET", "/metrics", key)
+        elif group == "shared-memory":
+            client.get_system_shared_memory_status(headers=headers)
         return 200
     except InferenceServerException as exc:
         return _status_of(exc)
@@ -146,6 +148,8 @@ def call_grpc(st: ServerThread, group: str, key: str | None) -> int:
             client.get_model_repository_index(headers=headers)
         elif group == "statistics":
             client.get_inference_statistics(MODEL, headers=headers)
+        elif group == "shared-memory":
+            client.get_system_shared_memory_status(headers=headers)
         return 200
     except InferenceServerException as exc:
         return _status_of(exc)
@@ -169,8 +173,8 @@ CALLERS: dict[str, Callable[[ServerThread, str, str | None], int]] = {
     "tcp": call_tcp,
 }
 GROUPS_SERVED = {
-    "http": ["inference", "health", "metadata", "model-repository", "statistics", "metrics"],
-    "grpc": ["inference", "health", "metadata", "model-repository", "statistics"],
+    "http": ["inference", "health", "metadata", "model-repository", "statistics", "metrics", "shared-memory"],
+    "grpc": ["inference", "health", "metadata", "model-repository", "statistics", "shared-memory"],
     "tcp": ["inference"],
 }
 CASES = [(protocol, group) for protocol, groups in GROUPS_SERVED.items() for group in groups]

@@ -370,10 +370,10 @@ def _set(params: Any, name: str, kind: str, value: Any) -> None:
         ("request", "sequence_id", "int64_param", 7, "parameters.sequence_id: sequence batching is not supported"),
         ("request", "binary_data_output", "string_param", "true", "parameters.binary_data_output: must be a boolean"),
         ("input", "binary_data_size", "int64_param", -3, "inputs[0].parameters.binary_data_size: must be a non-negative integer"),
-        ("input", "shared_memory_region", "string_param", "r", "inputs[0].parameters.shared_memory_region: shared memory"),
+        ("input", "shared_memory_region", "string_param", "r", "inputs[0].parameters.shared_memory_byte_size: required"),
         ("output", "binary_data", "string_param", "yes", 'outputs[0].parameters.binary_data: must be a boolean, got "yes"'),
         ("output", "classification", "int64_param", 3, "outputs[0].parameters.classification: the classification"),
-        ("output", "shared_memory_region", "string_param", "r", "outputs[0].parameters.shared_memory_region"),
+        ("output", "shared_memory_region", "string_param", "r", "outputs[0].parameters.shared_memory_byte_size: required"),
     ],
     ids=[
         "timing-string", "timing-int", "timeout-negative", "timeout-double", "timeout-bool", "timeout-over-cap",
@@ -425,8 +425,15 @@ def test_load_parameters_are_refused(client: tgrpc.InferenceServerClient) -> Non
 
 
 def test_unserved_rpcs_are_unimplemented(client: tgrpc.InferenceServerClient) -> None:
-    err = grpc_error(lambda: client.get_system_shared_memory_status())
+    err = grpc_error(lambda: client.get_cuda_shared_memory_status())
     assert err.status() == "StatusCode.UNIMPLEMENTED"
+
+
+def test_system_shared_memory_is_off_by_default(client: tgrpc.InferenceServerClient) -> None:
+    err = grpc_error(lambda: client.get_system_shared_memory_status())
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "--allow-client-shm" in err.message()
+    assert "system_shared_memory" not in client.get_server_metadata(as_json=True)["extensions"]
 
 
 # ---- statistics and repository --------------------------------------------------------------------

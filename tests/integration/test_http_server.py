@@ -548,11 +548,11 @@ def with_input_parameters(params: object) -> dict[str, object]:
         (with_input_parameters({"binary_data_size": -1}), "inputs[0].parameters.binary_data_size: must be a non-negative integer, got -1"),
         (with_input_parameters({"binary_data_size": "256"}), 'inputs[0].parameters.binary_data_size: must be a non-negative integer, got "256"'),
         (with_input_parameters({"binary_data_size": 256.0}), "inputs[0].parameters.binary_data_size"),
-        (with_input_parameters({"shared_memory_region": "r"}), "inputs[0].parameters.shared_memory_region: shared memory is not supported"),
+        (with_input_parameters({"shared_memory_region": "r", "shared_memory_byte_size": 4}), "inputs[0] ('input'): has both data and parameters.shared_memory_region"),
         (with_input_parameters(7), "inputs[0].parameters must be a JSON object"),
         (infer_doc(outputs=[{"name": "label", "parameters": {"binary_data": "yes"}}]), 'outputs[0].parameters.binary_data: must be a boolean, got "yes"'),
         (infer_doc(outputs=[{"name": "label", "parameters": {"classification": 3}}]), "outputs[0].parameters.classification: the classification extension is not supported"),
-        (infer_doc(outputs=[{"name": "label", "parameters": {"shared_memory_region": "r"}}]), "outputs[0].parameters.shared_memory_region"),
+        (infer_doc(outputs=[{"name": "label", "parameters": {"shared_memory_region": "r"}}]), "outputs[0].parameters.shared_memory_byte_size: required with shared_memory_region"),
     ],
     ids=[
         "timing-string", "timing-int", "binary-output-string", "timeout-negative", "timeout-float",

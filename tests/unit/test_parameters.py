@@ -9,11 +9,13 @@ from lumenrt.protocols.errors import ServerError
 from lumenrt.protocols.parameters import (
     MAX_TIMEOUT_US,
     RequestParameters,
+    SharedMemoryRef,
     grpc_values,
     input_parameters,
     output_parameters,
     refuse_load_parameters,
     request_parameters,
+    shared_memory_ref,
 )
 from lumenrt.protocols.proto import grpc_service_pb2 as pb
 
@@ -71,8 +73,8 @@ def test_input_and_output_parameters() -> None:
     assert "inputs[2].parameters.binary_data_size: must be a non-negative integer, got -4" in message(
         input_parameters, {"binary_data_size": -4}, "inputs[2].parameters"
     )
-    assert "inputs[0].parameters.shared_memory_offset: shared memory is not supported" in message(
-        input_parameters, {"shared_memory_offset": 0}, "inputs[0].parameters"
+    assert "inputs[0].parameters: has both binary_data_size and shared_memory_region" in message(
+        input_parameters, {"binary_data_size": 4, "shared_memory_region": "r"}, "inputs[0].parameters"
     )
     assert 'outputs[1].parameters.binary_data: must be a boolean, got "yes"' in message(
         output_parameters, {"binary_data": "yes"}, "outputs[1].parameters"
@@ -108,3 +110,33 @@ def test_grpc_parameters_are_checked_as_their_values() -> None:
     assert 'parameters.lumenrt_timing: must be a boolean, got "yes"' in message(
         request_parameters, grpc_values(request.parameters)
     )
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({}, None),
+        ({"binary_data_size": 8}, None),
+        ({"shared_memory_region": "in", "shared_memory_byte_size": 256}, SharedMemoryRef("in", 0, 256)),
+        ({"shared_memory_region": "in", "shared_memory_byte_size": 4, "shared_memory_offset": 64}, SharedMemoryRef("in", 64, 4)),
+        ({"shared_memory_region": None, "shared_memory_byte_size": None}, None),  # null: not given
+    ],
+)  # fmt: skip
+def test_shared_memory_parameters(params: dict[str, Any], expected: SharedMemoryRef | None) -> None:
+    assert shared_memory_ref(params, "inputs[0].parameters") == expected
+
+
+@pytest.mark.parametrize(
+    ("params", "text"),
+    [
+        ({"shared_memory_byte_size": 4}, "inputs[0].parameters.shared_memory_region: required with the other"),
+        ({"shared_memory_offset": 0}, "inputs[0].parameters.shared_memory_region: required with the other"),
+        ({"shared_memory_region": "in"}, "inputs[0].parameters.shared_memory_byte_size: required with shared_memory_region"),
+        ({"shared_memory_region": 3, "shared_memory_byte_size": 4}, "inputs[0].parameters.shared_memory_region: must be a non-empty string, got 3"),
+        ({"shared_memory_region": "", "shared_memory_byte_size": 4}, "inputs[0].parameters.shared_memory_region: must be a non-empty string"),
+        ({"shared_memory_region": "in", "shared_memory_byte_size": -1}, "inputs[0].parameters.shared_memory_byte_size: must be a non-negative integer, got -1"),
+        ({"shared_memory_region": "in", "shared_memory_byte_size": 4, "shared_memory_offset": "8"}, 'inputs[0].parameters.shared_memory_offset: must be a non-negative integer, got "8"'),
+    ],
+)  # fmt: skip
+def test_bad_shared_memory_parameters_name_the_parameter(params: dict[str, Any], text: str) -> None:
+    assert text in message(shared_memory_ref, params, "inputs[0].parameters")

@@ -28,6 +28,7 @@ from lumenrt.engine.engine import Engine
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.rate_limit import RateLimiter, RateLimits
 from lumenrt.ingress.service import InferenceService, ServeLimits
+from lumenrt.ingress.shared_memory import SWEEP_INTERVAL_S, SharedMemoryRegistry
 from lumenrt.ingress.tls import ServerTls, TlsFiles
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class ServeOptions:
     auth: Gate | None = None  # API keys and endpoint groups (ingress/auth.py); None: all open
     rate_limits: RateLimits | None = None  # per-client limits (ingress/rate_limit.py); None: none
     tls: TlsFiles | None = None  # TLS on HTTP, gRPC and TCP (ingress/tls.py); None: clear text
+    # Triton's system shared-memory extension (ingress/shared_memory.py): off unless asked for
+    allow_client_shm: bool = False
+    max_shm_regions_per_client: int = 64
 
 
 class ServerApp:
@@ -70,6 +74,9 @@ class ServerApp:
 
             self.service.metrics = ServiceMetrics(self.service)
         self.service.gate = self.options.auth
+        if self.options.allow_client_shm:
+            self.service.shared_memory = SharedMemoryRegistry(self.options.max_shm_regions_per_client)
+        self._sweep_shm: asyncio.Task[None] | None = None
         limits = self.options.rate_limits
         self.service.limiter = RateLimiter(limits) if limits is not None and limits.active else None
         gate = self.options.auth
@@ -113,6 +120,8 @@ class ServerApp:
                 )
             if self._watched():
                 self._watch = asyncio.get_running_loop().create_task(self._watch_files())
+            if self.service.shared_memory is not None:
+                self._sweep_shm = asyncio.get_running_loop().create_task(self._sweep_shared_memory())
         except BaseException:
             await self._close_front_ends()
             raise
@@ -153,10 +162,20 @@ class ServerApp:
             except Exception as exc:  # a bad file keeps the old keys/certificates; keep watching
                 logger.error("reload after a file change failed, the old settings stay in use: %s", exc)
 
+    async def _sweep_shared_memory(self) -> None:
+        """Unregister the regions whose object the client unlinked (shared_memory.py, invariant 7)."""
+        registry = self.service.shared_memory
+        assert registry is not None
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            registry.sweep()
+
     async def shutdown(self) -> bool:
         """Drain and stop; True if every in-flight request finished within the grace period."""
         if self._watch is not None:
             self._watch.cancel()
+        if self._sweep_shm is not None:
+            self._sweep_shm.cancel()
         await self.service.announce_drain(self.options.limits.drain_delay_s)
         self.service.stop_accepting()
         drained = await self.service.wait_idle(self.options.limits.grace_s)
@@ -164,6 +183,8 @@ class ServerApp:
             with contextlib.suppress(Exception):
                 await fe.stop_listening()
         await self._close_front_ends()
+        if self.service.shared_memory is not None:
+            self.service.shared_memory.close()  # every region unmapped, its descriptor closed
         return drained
 
     async def _close_front_ends(self) -> None:

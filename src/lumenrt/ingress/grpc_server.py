@@ -2,8 +2,9 @@
 perf_analyzer unchanged.
 
 Every rpc of ``protocols/proto/grpc_service.proto`` is served (the handler table is built from the .proto's
-service, so a new rpc without a handler fails at start-up); anything else (shared memory, trace,
-streaming) is answered UNIMPLEMENTED by grpc. Messages travel as the generated protobuf classes; the
+service, so a new rpc without a handler fails at start-up), the system shared-memory ones included
+(``ingress/shared_memory.py``; INVALID_ARGUMENT while it is off); anything else (CUDA shared memory,
+trace, streaming) is answered UNIMPLEMENTED by grpc. Messages travel as the generated protobuf classes; the
 service is registered under Triton's wire name, so clients call ``/inference.GRPCInferenceService/…``.
 
 Invariants
@@ -14,6 +15,10 @@ Invariants
   - ModelInfer answers in raw form: one ``raw_output_contents`` entry per output, as Triton does
     and as tritonclient reads it. Inputs come from ``raw_input_contents`` (one entry per input, in
     order) or, for a request without any, from each input's typed ``contents``.
+  - Shared memory: an input with ``shared_memory_region`` is read from its region and takes no
+    ``raw_input_contents`` entry (the entries belong to the other inputs, in order). An output
+    requested into a region is written there, and its ``raw_output_contents`` entry is empty, as
+    Triton answers: clients pair the i-th output with the i-th entry.
   - A failed rpc is answered with the gRPC status of its ServerError (``errors.GRPC_CODES``) and a
     message that names the field; no rpc leaks a Python exception as UNKNOWN.
   - One message is at most ``limits.max_body_bytes`` either way (grpc answers RESOURCE_EXHAUSTED).
@@ -41,15 +46,18 @@ from google.protobuf import json_format
 from lumenrt.engine.request import Array
 from lumenrt.ingress.errors import GRPC_CODES, as_server_error
 from lumenrt.ingress.service import InferenceService, WireInput
+from lumenrt.ingress.shared_memory import OFF_MESSAGE, SharedMemoryRegistry, write_shm_output
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import check_tensor_count
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.parameters import (
+    SharedMemoryRef,
     grpc_values,
     input_parameters,
     output_parameters,
     refuse_load_parameters,
     request_parameters,
+    shared_memory_ref,
 )
 from lumenrt.protocols.raw import from_raw, to_raw
 from lumenrt.protocols.tensors import check_datatype, check_shape
@@ -125,46 +133,88 @@ def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...], where: 
     return wide.astype(dt, copy=False).reshape(shape)
 
 
-def _decode_inputs(request: Any, max_elements: int, model: str) -> list[WireInput]:
+def _shm(shm: SharedMemoryRegistry | None, where: str) -> SharedMemoryRegistry:
+    if shm is None:
+        raise bad_request(f"{where}.shared_memory_region: {OFF_MESSAGE}")
+    return shm
+
+
+def _decode_inputs(
+    request: Any, max_elements: int, model: str, shm: SharedMemoryRegistry | None = None
+) -> list[WireInput]:
     raw = request.raw_input_contents
     inputs = request.inputs
     if not inputs:
         raise bad_request(f"model {model!r}: the request has no inputs")
     check_tensor_count(len(inputs), f"model {model!r}: inputs")
-    if raw and len(raw) != len(inputs):
+    refs: list[SharedMemoryRef | None] = []
+    for i, tensor in enumerate(inputs):
+        if tensor.parameters:  # binary_data_size is HTTP's: checked, and without effect here
+            where = f"model {model!r}: input {tensor.name!r}: inputs[{i}].parameters"
+            values = grpc_values(tensor.parameters)
+            input_parameters(values, where)
+            refs.append(shared_memory_ref(values, where))
+        else:
+            refs.append(None)
+    in_shm = len(refs) - refs.count(None)
+    if raw and len(raw) != len(inputs) - in_shm:
         raise bad_request(
             f"model {model!r}: raw_input_contents has {len(raw)} entries but the request has "
-            f"{len(inputs)} inputs (one entry per input, in order)"
+            f"{len(inputs) - in_shm} inputs "
+            + (
+                "not in shared memory (one entry per such input, in order)"
+                if in_shm
+                else "(one entry per input, in order)"
+            )
         )
     out: list[WireInput] = []
+    next_raw = 0
     for i, tensor in enumerate(inputs):
         name = tensor.name
         where = f"model {model!r}: input {name!r}"
         datatype = check_datatype(tensor.datatype, f"{where}: datatype")
         shape = check_shape(tuple(tensor.shape), f"{where}: shape", max_elements)
-        if tensor.parameters:  # binary_data_size is HTTP's: checked, and without effect here
-            input_parameters(grpc_values(tensor.parameters), f"{where}: inputs[{i}].parameters")
-        if raw:
+        ref = refs[i]
+        if ref is not None:
+            if tensor.HasField("contents"):
+                raise bad_request(f"{where}: has contents, but also parameters.shared_memory_region")
+            place = f"{where}: inputs[{i}].parameters"
+            array = _shm(shm, place).read(ref, datatype, shape, place)
+        elif raw:
             if tensor.HasField("contents"):
                 raise bad_request(f"{where}: has contents, but the request sends raw_input_contents")
-            array = from_raw(raw[i], datatype, shape, where, bad_request)
+            array = from_raw(raw[next_raw], datatype, shape, where, bad_request)
+            next_raw += 1
         else:
             array = _from_contents(tensor.contents, datatype, shape, where)
         out.append(WireInput(name, datatype, shape, array))
     return out
 
 
-def _requested_outputs(request: Any, model: str) -> list[str] | None:
+ShmOutputs = dict[str, tuple[memoryview, SharedMemoryRef]]
+
+
+def _requested_outputs(
+    request: Any, model: str, shm: SharedMemoryRegistry | None = None
+) -> tuple[list[str] | None, ShmOutputs | None]:
+    """The outputs asked for (None: all), and those to be written into shared memory."""
     if not request.outputs:
-        return None
+        return None, None
     check_tensor_count(len(request.outputs), f"model {model!r}: outputs")
     names: list[str] = []
+    targets: ShmOutputs | None = None
     for i, out in enumerate(request.outputs):
         if out.parameters:  # binary_data is HTTP's: checked, and without effect (gRPC answers raw)
             where = f"model {model!r}: output {out.name!r}: outputs[{i}].parameters"
-            output_parameters(grpc_values(out.parameters), where)
+            values = grpc_values(out.parameters)
+            output_parameters(values, where)
+            ref = shared_memory_ref(values, where)
+            if ref is not None:
+                if targets is None:
+                    targets = {}
+                targets[out.name] = (_shm(shm, where).target(ref, where), ref)
         names.append(out.name)
-    return names
+    return names, targets
 
 
 # ---- the servicer ---------------------------------------------------------------------------------
@@ -230,8 +280,10 @@ class GrpcServicer:
         if service.limiter is not None:
             service.admit_client(_client(service, context), rt, "grpc", received_ns)
         model = rt.config.name
-        arrays = service.check_inputs(rt, _decode_inputs(request, self.limits.max_elements, model))
-        outputs = service.check_outputs(rt, _requested_outputs(request, model))
+        shm = service.shared_memory
+        arrays = service.check_inputs(rt, _decode_inputs(request, self.limits.max_elements, model, shm))
+        requested, shm_outputs = _requested_outputs(request, model, shm)
+        outputs = service.check_outputs(rt, requested)
         params = request_parameters(grpc_values(request.parameters))
         timeout_s = params.timeout_s
         remaining_s = context.time_remaining()  # the client's gRPC deadline, if it set one
@@ -266,12 +318,45 @@ class GrpcServicer:
         add_output = response.outputs.add  # add() fills in place; a list of messages would be copied
         raw = response.raw_output_contents
         for name, array in outcome.outputs:
+            target = shm_outputs.get(name) if shm_outputs is not None else None
+            if target is not None:  # written into the client's region: an empty entry (invariants)
+                datatype, _ = write_shm_output(name, array, *target)
+                add_output(name=name, datatype=datatype, shape=array.shape)
+                raw.append(b"")
+                continue
             datatype, data = to_raw(array)
             add_output(name=name, datatype=datatype, shape=array.shape)
             raw.append(data if type(data) is bytes else bytes(data))  # protobuf holds bytes: one copy
         for key, value in outcome.parameters.items():
             response.parameters[key].int64_param = value
         return response
+
+    # ---- system shared memory -------------------------------------------------------------------
+
+    def _registry(self) -> SharedMemoryRegistry:
+        if self.service.shared_memory is None:
+            raise bad_request(OFF_MESSAGE)
+        return self.service.shared_memory
+
+    async def system_shared_memory_status(self, request: Any, context: Any) -> Any:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._registry().status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    async def system_shared_memory_register(self, request: Any, context: Any) -> Any:
+        registry = self._registry()
+        if not request.name:
+            raise bad_request("name: required (the region's name)")
+        client = _client(self.service, context)
+        registry.register(request.name, request.key, request.offset, request.byte_size, client)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_shared_memory_unregister(self, request: Any, context: Any) -> Any:
+        self._registry().unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
 
 # rpc -> its endpoint group (ingress/auth.py); an rpc missing here fails at start-up
@@ -287,6 +372,9 @@ GROUPS = {
     "RepositoryModelLoad": "model-repository",
     "RepositoryModelUnload": "model-repository",
     "ModelInfer": "inference",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
 }
 
 

@@ -10,6 +10,8 @@ Routes (``{v}`` optional: ``/versions/{v}`` after the model name):
   GET  /metrics                                     Prometheus metrics (observability/metrics.py)
   POST /v2/models/{m}[/versions/{v}]/infer         JSON, JSON + binary, raw single input
   POST /v2/repository/index | /v2/repository/models/{m}/load | /unload
+  GET  /v2/systemsharedmemory[/region/{r}]/status  system shared memory (--allow-client-shm)
+  POST /v2/systemsharedmemory/region/{r}/register | [/region/{r}]/unregister
 
 Connection invariants (flow control, timeouts and the sweeper: ``lumenrt.ingress.connection``)
   - Requests on one connection are answered in the order they arrived (HTTP/1.1 pipelining):
@@ -54,11 +56,12 @@ from lumenrt.ingress.errors import REASONS, as_server_error, not_found, unavaila
 from lumenrt.ingress.http_body import SlotBody, infer_target
 from lumenrt.ingress.lent_slot import RECEIVE_IN_SLOT_MIN
 from lumenrt.ingress.service import InferenceService, InferOutcome
+from lumenrt.ingress.shared_memory import OFF_MESSAGE
 from lumenrt.ingress.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
-from lumenrt.protocols.parameters import check_bool, refuse_load_parameters
+from lumenrt.protocols.parameters import check_bool, check_count, refuse_load_parameters
 
 MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading pauses (guessed)
 HEADER_LENGTH = b"inference-header-content-length"
@@ -333,7 +336,7 @@ class HttpConnection(Connection, asyncio.Protocol):
             time.monotonic_ns(),
             self._http_10,
             self._body_error,
-            self.peer_host if self.service.limiter is not None else "",
+            self.peer_host if self.service.limiter is not None or self.service.shared_memory else "",
             received,
         )
         self._queue.append(req)
@@ -546,6 +549,10 @@ def route(service: InferenceService, req: HttpRequest) -> Any:
         if gate is not None:
             _allow(gate, req, "model-repository")
         return _repository(service, req, rest[1:], post)
+    if rest[0] == "systemsharedmemory":
+        if gate is not None:
+            _allow(gate, req, "shared-memory")
+        return _shared_memory(service, req, rest[1:])
     if rest[0] != "models":
         raise not_found(f"no route for {path!r}")
     rest = rest[1:]
@@ -640,6 +647,42 @@ def _repository(service: InferenceService, req: HttpRequest, rest: list[str], po
     raise not_found(f"no route for {req.path!r}")
 
 
+def _shared_memory(service: InferenceService, req: HttpRequest, rest: list[str]) -> Response:
+    """``/v2/systemsharedmemory[/region/{name}]/status|register|unregister`` (Triton's system
+    shared-memory extension; ingress/shared_memory.py)."""
+    name = ""
+    if len(rest) == 3 and rest[0] == "region" and rest[1]:
+        name, rest = rest[1], rest[2:]
+    if len(rest) != 1 or rest[0] not in ("status", "register", "unregister"):
+        raise not_found(f"no route for {req.path!r}")
+    action = rest[0]
+    _method(
+        (req.method == b"GET") if action == "status" else (req.method == b"POST"),
+        req,
+        "GET" if action == "status" else "POST",
+    )
+    registry = service.shared_memory
+    if registry is None:
+        raise bad_request(OFF_MESSAGE)
+    if action == "status":
+        return json_response(registry.status(name))
+    if action == "unregister":
+        registry.unregister(name)
+        return Response(200)
+    if not name:
+        raise not_found("register needs a region name: POST /v2/systemsharedmemory/region/{name}/register")
+    doc = _json_object(req.body)
+    key = doc.get("key")
+    if not isinstance(key, str):
+        raise bad_request(f"key: must be a string, got {type(key).__name__}")
+    offset = check_count(doc.get("offset", 0), "offset")
+    byte_size = doc.get("byte_size")
+    if byte_size is None:
+        raise bad_request("byte_size: required")
+    registry.register(name, key, offset, check_count(byte_size, "byte_size"), req.client)
+    return Response(200)
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     """An optional JSON object body (empty: {})."""
     if not body:
@@ -667,9 +710,11 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
         if length == 0:
             parsed = parse_raw_request(req.body if payload is None else payload, rt.config)
         else:
-            parsed = parse_infer_request(req.body, length, service.limits.max_elements, payload)
+            parsed = parse_infer_request(
+                req.body, length, service.limits.max_elements, payload, service.shared_memory
+            )
     else:
-        parsed = parse_infer_request(req.body, None, service.limits.max_elements)
+        parsed = parse_infer_request(req.body, None, service.limits.max_elements, None, service.shared_memory)
     arrays = service.check_inputs(rt, parsed.inputs)
     outputs = service.check_outputs(rt, list(parsed.outputs))
     service.check_priority(rt, parsed.priority, "parameters.priority")

@@ -298,6 +298,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "all models together, burst = one second's worth; over it: 429 + Retry-After. The --config "
         "file's rate_limits section sets per-model and per-key limits",
     )
+    shm = p.add_argument_group(
+        "system shared memory (Triton's extension: clients on this host send region names, not bytes)"
+    )
+    shm.add_argument(
+        "--allow-client-shm",
+        action="store_true",
+        default=False,
+        help="serve /v2/systemsharedmemory and the SystemSharedMemory rpcs, and take inputs from and write "
+        "outputs to the regions clients register (off by default: for trusted clients on this host; with "
+        "API keys it is the shared-memory endpoint group)",
+    )
+    shm.add_argument(
+        "--max-shm-regions-per-client",
+        type=int,
+        default=64,
+        metavar="N",
+        help="registered regions one client (API key, else address) may hold (default 64)",
+    )
     from lumenrt.observability.logging import DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 
     logs = p.add_argument_group("logs and traces")
@@ -374,6 +392,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         say(f"lumenrt serve: {exc}", error=True)
         return 2
+    _raise_fd_limit(limits)
     if args.no_metrics and args.metrics_port is not None:
         say("lumenrt serve: --metrics-port and --no-metrics contradict each other: give one", error=True)
         return 2
@@ -405,6 +424,16 @@ def run_from_args(args: argparse.Namespace) -> int:
             access.close()
         if links is not None:
             shutil.rmtree(links, ignore_errors=True)
+
+
+def _raise_fd_limit(limits: ServeLimits) -> None:
+    """A descriptor per connection: the soft open-file limit up to the hard one (fd_limit.py)."""
+    from lumenrt.ingress.fd_limit import describe, raise_fd_limit
+
+    line, warning = describe(raise_fd_limit(), limits.max_connections_per_client)
+    say(f"lumenrt serve: {line}")
+    if warning is not None:
+        logger.warning("%s", warning)
 
 
 def _model_dir(args: argparse.Namespace) -> Path | None:
@@ -449,6 +478,8 @@ def _security(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(
             f"--max-connections-per-client must be >= 0 (0: no limit), got {args.max_connections_per_client}"
         )
+    if args.max_shm_regions_per_client < 1:
+        raise ValueError(f"--max-shm-regions-per-client must be >= 1, got {args.max_shm_regions_per_client}")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together: give both (or neither, for clear text)")
     if args.tls_client_ca is not None and args.tls_cert is None:
@@ -556,6 +587,8 @@ async def _serve(
                 cache_size_bytes=args.cache_size_bytes,
                 metrics=not args.no_metrics,
                 metrics_port=args.metrics_port,
+                allow_client_shm=args.allow_client_shm,
+                max_shm_regions_per_client=args.max_shm_regions_per_client,
                 **(security or {}),
             ),
         )

@@ -30,6 +30,7 @@ from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
 from lumenrt.ingress.rate_limit import RateLimiter
 from lumenrt.ingress.response_cache import CacheInput, CacheKey, CacheStats, ResponseCache
+from lumenrt.ingress.shared_memory import SharedMemoryRegistry
 from lumenrt.observability.access_log import AccessLog
 from lumenrt.protocols.errors import ServerError, bad_request
 
@@ -204,6 +205,8 @@ class InferenceService:
         # who may call what (ingress/auth.py; None: every endpoint open) and how often
         # (ingress/rate_limit.py; None: no limits); set by ServerApp
         self.gate: Gate | None = None
+        # Triton's system shared-memory extension (ingress/shared_memory.py); None: off (the default)
+        self.shared_memory: SharedMemoryRegistry | None = None
         self.limiter: RateLimiter | None = None
 
     # ---- health and metadata ------------------------------------------------------------------
@@ -218,7 +221,10 @@ class InferenceService:
         return self.accepting and not self.draining and self.engine.ready(name, parse_version(version, name))
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        extensions = list(EXTENSIONS)
+        if self.shared_memory is not None:
+            extensions.append("system_shared_memory")
+        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
 
     def runtime(self, name: str, version: str | None = None) -> Any:
         try:

@@ -10,6 +10,10 @@ Request bodies come in three forms:
     a model's only input; its shape is the config's dims, with the batch dimension (if any) taken
     from the byte count. Every output is then returned as binary.
 
+Inputs and requested outputs may name a registered shared-memory region instead (Triton's system
+shared-memory extension, ``ingress/shared_memory.py``): such an input is read where it lies, such an
+output is written there and its answer entry carries no data.
+
 Outputs are binary when the request output says ``"binary_data": true``, or, for outputs it does
 not list, when the request parameter ``binary_data_output`` is true.
 
@@ -24,10 +28,17 @@ from typing import Any
 
 from lumenrt.engine.config import ModelConfig
 from lumenrt.ingress.service import InferOutcome, WireInput
+from lumenrt.ingress.shared_memory import OFF_MESSAGE, SharedMemoryRegistry, write_shm_output
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth, check_tensor_count
 from lumenrt.protocols.errors import ServerError, bad_request
-from lumenrt.protocols.parameters import input_parameters, output_parameters, request_parameters
+from lumenrt.protocols.parameters import (
+    SharedMemoryRef,
+    input_parameters,
+    output_parameters,
+    request_parameters,
+    shared_memory_ref,
+)
 from lumenrt.protocols.raw import TensorSlot, from_raw, payload_slots, split_payload, to_raw
 from lumenrt.protocols.tensors import check_datatype, check_shape, from_json, to_json_data
 
@@ -44,6 +55,8 @@ class ParsedInfer:
     timing: bool = False
     raw: bool = False  # raw single-input form: every output binary
     priority: int = 0  # request parameter priority (0: the model's default level)
+    # requested outputs to be written into shared memory: name -> (their bytes there, the parameters)
+    shm_outputs: dict[str, tuple[memoryview, SharedMemoryRef]] | None = None
 
 
 def _obj(value: Any, where: str) -> dict[str, Any]:
@@ -118,11 +131,16 @@ def _plan_of(parsed: ParsedInfer, sizes: list[int]) -> _Plan:
 
 
 def parse_infer_request(
-    body: bytes, header_length: int | None, max_elements: int, payload: memoryview | None = None
+    body: bytes,
+    header_length: int | None,
+    max_elements: int,
+    payload: memoryview | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> ParsedInfer:
     """Decode a JSON (``header_length`` None) or JSON+binary infer body. ``payload``: the binary
     part, received apart from the JSON header (into an arena slot: the arrays are views of it);
-    ``body`` is then the header alone."""
+    ``body`` is then the header alone. ``shm``: the registered shared-memory regions (None: the
+    extension is off)."""
     key: tuple[bytes, int] | None = None
     if header_length is not None and 0 < header_length <= min(PLAN_CACHE_MAX_BYTES, len(body)):
         key = (body[:header_length], max_elements)
@@ -134,16 +152,27 @@ def parse_infer_request(
                 return _from_plan(plan, body, header_length)
             except ServerError:
                 pass  # the binary part is wrong: the full decode below names the field as ever
-    parsed, sizes = _parse(body, header_length, max_elements, payload)
-    if key is not None and len(sizes) == len(parsed.inputs):  # every input binary: reusable
+    parsed, sizes = _parse(body, header_length, max_elements, payload, shm)
+    # every input binary, no output in shared memory (a region is looked up per request): reusable
+    if key is not None and len(sizes) == len(parsed.inputs) and parsed.shm_outputs is None:
         if len(_plans) >= PLAN_CACHE_ENTRIES:
             _plans.clear()
         _plans[key] = _plan_of(parsed, sizes)
     return parsed
 
 
+def _shm(shm: SharedMemoryRegistry | None, where: str) -> SharedMemoryRegistry:
+    if shm is None:
+        raise bad_request(f"{where}.shared_memory_region: {OFF_MESSAGE}")
+    return shm
+
+
 def _parse(
-    body: bytes, header_length: int | None, max_elements: int, payload: memoryview | None = None
+    body: bytes,
+    header_length: int | None,
+    max_elements: int,
+    payload: memoryview | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[ParsedInfer, list[int]]:
     """The full decode; also the byte sizes of the binary inputs, in order."""
     sizes: list[int] = []
@@ -189,7 +218,13 @@ def _parse(
         shape = check_shape(entry.get("shape"), f"{where}.shape", max_elements)
         iparams = _params(entry.get("parameters"), f"inputs[{i}].parameters")
         size = input_parameters(iparams, f"inputs[{i}].parameters")
-        if size is not None:
+        ref = shared_memory_ref(iparams, f"inputs[{i}].parameters")
+        if ref is not None:
+            if "data" in entry:
+                raise bad_request(f"{where}: has both data and parameters.shared_memory_region")
+            place = f"inputs[{i}].parameters"
+            array = _shm(shm, place).read(ref, datatype, shape, place)
+        elif size is not None:
             if "data" in entry:
                 raise bad_request(f"{where}: has both data and parameters.binary_data_size")
             if at + size > len(view):
@@ -219,6 +254,12 @@ def _parse(
                 raise bad_request(f"outputs[{i}].name must be a non-empty string")
             oparams = _params(entry.get("parameters"), f"outputs[{i}].parameters")
             out.outputs[name] = output_parameters(oparams, f"outputs[{i}].parameters")
+            ref = shared_memory_ref(oparams, f"outputs[{i}].parameters")
+            if ref is not None:
+                place = f"outputs[{i}].parameters"
+                if out.shm_outputs is None:
+                    out.shm_outputs = {}
+                out.shm_outputs[name] = (_shm(shm, place).target(ref, place), ref)
     return out, sizes
 
 
@@ -255,6 +296,7 @@ def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[b
     """The response's JSON header and the binary output chunks that follow it (maybe none)."""
     if (
         not outcome.parameters
+        and parsed.shm_outputs is None
         and (parsed.raw or (parsed.binary_output and not parsed.outputs))
         and all(array.dtype.kind not in "OSU" for _, array in outcome.outputs)  # sizes vary
     ):
@@ -279,7 +321,13 @@ def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[b
 def _encode(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any]]:
     outputs: list[dict[str, Any]] = []
     chunks: list[Any] = []
+    shm_outputs = parsed.shm_outputs or {}
     for name, array in outcome.outputs:
+        target = shm_outputs.get(name)
+        if target is not None:
+            datatype, _ = write_shm_output(name, array, *target)
+            outputs.append({"name": name, "datatype": datatype, "shape": list(array.shape)})
+            continue
         wanted = parsed.outputs.get(name)
         binary = parsed.binary_output if wanted is None else wanted
         entry: dict[str, Any]

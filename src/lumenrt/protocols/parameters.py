@@ -14,10 +14,16 @@ The parameters that mean something here:
   request      priority              int >= 0                         priority level (0: default)
   request      sequence_id/_start/_end  refused unless at default     no sequence batching here
   input        binary_data_size      int >= 0 (HTTP)                  bytes of this input's data
-  input        shared_memory_*       refused                          no shared-memory extension
+  input        shared_memory_*       region str, offset, byte_size    the data lies in a registered
+                                                                      region (SharedMemoryRef)
   output       binary_data           bool (HTTP)                      this output as binary
   output       classification        refused                          no classification extension
-  output       shared_memory_*       refused                          no shared-memory extension
+  output       shared_memory_*       region str, offset, byte_size    write the output there
+
+The shared-memory parameters are checked here for their types (``shared_memory_region`` and
+``shared_memory_byte_size`` together, ``shared_memory_offset`` optional, 0 by default); whether the
+region exists and the bytes fit is the registry's check (``ingress/shared_memory.py``), which also
+answers them when the server runs without the extension.
 
 Other names are passed over, as Triton's core passes over what it does not know (they are meant
 for a backend). ``priority`` is checked here to be a count, and against the model's
@@ -39,6 +45,15 @@ TIMING_PARAMETER = "lumenrt_timing"  # request parameter: true -> response carri
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 MAX_PRIORITY = 0xFFFF  # the TCP header's priority field (u16): one cap for every front end
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """A tensor's bytes in a registered shared-memory region (Triton's system shared memory)."""
+
+    region: str
+    offset: int
+    byte_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,19 +131,43 @@ def request_parameters(params: Mapping[str, Any], where: str = "parameters") -> 
 
 
 def input_parameters(params: Mapping[str, Any], where: str) -> int | None:
-    """An input's ``parameters``: its ``binary_data_size`` (None: the data is not binary)."""
+    """An input's ``parameters``: its ``binary_data_size`` (None: the data is not binary). Its
+    shared-memory parameters are :func:`shared_memory_ref`'s."""
     if not params:
         return None
-    _refuse(params, _SHARED_MEMORY, where, "shared memory is not supported; send the data in the request")
     size = params.get("binary_data_size")
-    return None if size is None else check_count(size, f"{where}.binary_data_size")
+    if size is None:
+        return None
+    if params.get("shared_memory_region") is not None:
+        raise bad_request(f"{where}: has both binary_data_size and shared_memory_region (give one)")
+    return check_count(size, f"{where}.binary_data_size")
+
+
+def shared_memory_ref(params: Mapping[str, Any], where: str) -> SharedMemoryRef | None:
+    """A tensor's shared-memory parameters, checked for their types (None: none given)."""
+    if not params or all(params.get(name) is None for name in _SHARED_MEMORY):
+        return None
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset")
+    if region is None:
+        raise bad_request(f"{where}.shared_memory_region: required with the other shared_memory_ parameters")
+    if not isinstance(region, str) or not region:
+        raise bad_request(f"{where}.shared_memory_region: must be a non-empty string, got {_shown(region)}")
+    if size is None:
+        raise bad_request(f"{where}.shared_memory_byte_size: required with shared_memory_region")
+    return SharedMemoryRef(
+        region,
+        0 if offset is None else check_count(offset, f"{where}.shared_memory_offset"),
+        check_count(size, f"{where}.shared_memory_byte_size"),
+    )
 
 
 def output_parameters(params: Mapping[str, Any], where: str) -> bool | None:
-    """A requested output's ``parameters``: its ``binary_data`` (None: not said)."""
+    """A requested output's ``parameters``: its ``binary_data`` (None: not said). Its
+    shared-memory parameters are :func:`shared_memory_ref`'s."""
     if not params:
         return None
-    _refuse(params, _SHARED_MEMORY, where, "shared memory is not supported; the output comes in the answer")
     _refuse(params, ("classification",), where, "the classification extension is not supported")
     binary = params.get("binary_data")
     return None if binary is None else check_bool(binary, f"{where}.binary_data")
