@@ -181,3 +181,17 @@ def test_the_sweeper_unregisters_unlinked_and_shrunk_objects(
         os.truncate(region.path, 32)  # shrank below the region
         assert registry.sweep() == ["kept"]
         assert len(registry) == 0
+
+
+def test_a_bytes_output_is_written_in_its_raw_form(
+    registry: SharedMemoryRegistry, region: ClientRegion
+) -> None:
+    registry.register("out", region.key, 0, 64, "alice")
+    ref = SharedMemoryRef("out", 8, 32)
+    words = np.array([b"ab", b"cde"], dtype=object)
+    assert write_shm_output("upper", words, registry.target(ref, "outputs[0].parameters"), ref) == (
+        "BYTES",
+        13,
+    )
+    # each element: a 4-byte little-endian length, then its bytes
+    assert bytes(region.map[8 : 8 + 13]) == b"\x02\x00\x00\x00ab\x03\x00\x00\x00cde"
