@@ -83,10 +83,10 @@ def _plan(args: argparse.Namespace) -> int:
                 "placement_strict": args.placement_strict,
             },
         )
-        if args.repository is None:
-            from lumenrt.models.builtin import ensure_builtin_repository
+        if args.repository is None:  # the models lumenrt serve would load from the built-in repository
+            from lumenrt.models.int8 import builtin_models
 
-            args.repository = ensure_builtin_repository()
+            args.repository, args.models = builtin_models(args.models)
         repo = ModelRepository(args.repository)
         names = args.models or [m.name for m in repo.index()]
         configs = [repo.config(name) for name in names]

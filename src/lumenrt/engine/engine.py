@@ -206,11 +206,12 @@ class Engine:
         ingress_threads: int = 0,
     ) -> None:
         """``ingress_threads``: the busy threads of the caller's front ends, for the placement plan
-        (``lumenrt serve``: 1, its event loop); the plan is ``self.plan``."""
+        (``lumenrt serve``: 1, its event loop); the plan is ``self.plan``. No ``repository``: the
+        built-in one, its default models unless ``models`` names others (INT8 variants included)."""
         if repository is None:
-            from lumenrt.models.builtin import ensure_builtin_repository
+            from lumenrt.models.int8 import builtin_models
 
-            repository = ensure_builtin_repository()
+            repository, models = builtin_models(models)
         self.repository = (
             repository if isinstance(repository, ModelRepository) else ModelRepository(Path(repository))
         )

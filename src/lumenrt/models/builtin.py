@@ -6,6 +6,9 @@ Models (one ``<repo>/<model>/config.yaml`` + ``<repo>/<model>/1/model.<ext>`` ea
   digits_mlp   MLP trained on scikit-learn's digits (ONNX)     real predictions
   tabular_xgb  XGBoost trained on breast cancer (XGBoost JSON) real predictions
 
+Optional models (``ensure_builtin_model``) are added to the complete repository on first request,
+not built with it and not served by default: the INT8 variants (models/int8.py).
+
 Cache: ``<root>/builtin-v4`` where ``<root>`` is the ``cache_dir`` argument, else
 ``$LUMENRT_CACHE_DIR``, else ``$XDG_CACHE_HOME/lumenrt`` (default ``~/.cache/lumenrt``). The folder
 name carries a format version: change ``BUILTIN_VERSION`` whenever a model or config changes, and
@@ -19,6 +22,10 @@ Invariants
     (released by the kernel when a builder dies). So whoever holds the lock and finds temporary
     folders knows they are leftovers of a crashed build, and removes them.
   - The fast path (repository complete) takes no lock and imports no ML library.
+  - An optional model's folder that exists under its final name is complete, the same way: built
+    in a hidden temporary folder inside the repository (``ModelRepository`` skips hidden folders),
+    synced, renamed into place, all under the same lock. The repository's marker does not list
+    optional models; each one's config says how it was made.
 """
 
 import fcntl
@@ -39,6 +46,10 @@ import numpy.typing as npt
 
 BUILTIN_VERSION = "builtin-v4"
 MODEL_NAMES = ("squeezenet", "digits_mlp", "tabular_xgb")
+QUANTIZABLE = ("squeezenet", "digits_mlp")  # the ONNX ones, with calibration and held-out data
+# Synthetic images can be made in any number; quantizing holds out this many by default (guessed:
+# agreement to 1/64; 1.2 s of FP32 + INT8 SqueezeNet compute here, measured at 10.7 + 7.8 ms each).
+SYNTHETIC_HELD_OUT = 64
 MARKER = ".lumenrt-builtin.json"  # written last; its presence means "complete"
 CACHE_ENV = "LUMENRT_CACHE_DIR"
 _TMP_PREFIX = f".{BUILTIN_VERSION}.tmp-"
@@ -90,11 +101,47 @@ def ensure_builtin_repository(cache_dir: Path | str | None = None) -> Path:
     return repo
 
 
+def ensure_builtin_model(
+    name: str, write: Callable[[Path, Path], dict[str, Any]], cache_dir: Path | str | None = None
+) -> Path:
+    """The built-in repository's folder, with the optional model ``name`` added first if it is not
+    there yet: ``write(repo, model_dir)`` writes its files into the empty ``model_dir`` and returns
+    its config. Safe against concurrent first requests and crashed builds, like the repository."""
+    repo = ensure_builtin_repository(cache_dir)
+    final = repo / name
+    if final.is_dir():
+        return repo
+    prefix = f".{name}.tmp-"
+    with _exclusive_lock(repo.parent / f"{BUILTIN_VERSION}.lock"):
+        if final.is_dir():  # added by another while we waited for the lock
+            return repo
+        for leftover in repo.glob(f"{prefix}*"):  # crashed builds: no one else builds now
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=repo))
+        try:
+            tmp.chmod(0o755)
+            _write_config(tmp, write(repo, tmp))
+            _fsync_tree(tmp)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(repo)
+    return repo
+
+
+def _write_config(model_dir: Path, config: dict[str, Any]) -> None:
+    import yaml
+
+    (model_dir / "config.yaml").write_text(
+        f"# built by lumenrt.models.builtin ({BUILTIN_VERSION}); do not edit, delete the folder to rebuild\n"
+        + yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=110)
+    )
+
+
 def build_repository(dest: Path) -> dict[str, Any]:
     """Build every built-in model into the existing empty folder ``dest``; write the marker last.
     Returns the marker's content (what was built, with test accuracies and timings)."""
-    import yaml
-
     start = time.perf_counter()
     models: dict[str, Any] = {}
     for name, write in _writers().items():
@@ -102,10 +149,7 @@ def build_repository(dest: Path) -> dict[str, Any]:
         model_dir = dest / name
         model_dir.mkdir()
         config = write(model_dir)
-        (model_dir / "config.yaml").write_text(
-            f"# built by lumenrt.models.builtin ({BUILTIN_VERSION}); do not edit, delete the folder to rebuild\n"
-            + yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=110)
-        )
+        _write_config(model_dir, config)
         files = sorted(p for p in model_dir.rglob("*") if p.is_file())
         models[name] = {
             "build_s": round(time.perf_counter() - model_start, 3),
@@ -119,12 +163,7 @@ def build_repository(dest: Path) -> dict[str, Any]:
         "libraries": {lib: _version(lib) for lib in ("numpy", "onnx", "scikit-learn", "xgboost")},
         "models": models,
     }
-    for path in dest.rglob("*"):
-        if path.is_file():
-            _fsync_file(path)
-    for path in [*dest.rglob("*"), dest]:
-        if path.is_dir():
-            _fsync_dir(path)
+    _fsync_tree(dest)
     marker = dest / MARKER
     with marker.open("w") as f:
         json.dump(info, f, indent=2)
@@ -162,6 +201,40 @@ def builtin_examples(name: str, batch: int | None = None) -> dict[str, npt.NDArr
     raise KeyError(f"no built-in model {name!r} (built-in: {', '.join(MODEL_NAMES)})")
 
 
+def builtin_calibration(name: str, count: int) -> dict[str, npt.NDArray[Any]]:
+    """At most ``count`` calibration inputs for quantizing a built-in ONNX model, never its held-out
+    ones: digits rows of the training split, or standard-normal images of another seed than the
+    examples'."""
+    if name == "squeezenet":
+        from lumenrt.models import squeezenet
+
+        return {squeezenet.INPUT_NAME: squeezenet.example_images(count, squeezenet.CALIBRATION_SEED)}
+    if name == "digits_mlp":
+        from lumenrt.models import digits
+
+        return {digits.INPUT_NAME: np.ascontiguousarray(digits.calibration_rows()[:count])}
+    raise KeyError(f"no calibration data for {name!r} (built-in ONNX models: {', '.join(QUANTIZABLE)})")
+
+
+def builtin_held_out(
+    name: str, count: int | None = None
+) -> tuple[dict[str, npt.NDArray[Any]], npt.NDArray[np.int64] | None]:
+    """At most ``count`` held-out inputs of a built-in ONNX model (default: all there are, or
+    ``SYNTHETIC_HELD_OUT`` images), and their labels where the model has them (digits: the
+    held-out quarter of the data and its labels; SqueezeNet: the example images, no labels)."""
+    if name == "squeezenet":
+        from lumenrt.models import squeezenet
+
+        images = squeezenet.example_images(SYNTHETIC_HELD_OUT if count is None else count)
+        return {squeezenet.INPUT_NAME: images}, None
+    if name == "digits_mlp":
+        from lumenrt.models import digits
+
+        x, y = digits.held_out()
+        return {digits.INPUT_NAME: np.ascontiguousarray(x[:count])}, y[:count]
+    raise KeyError(f"no held-out data for {name!r} (built-in ONNX models: {', '.join(QUANTIZABLE)})")
+
+
 def _rows(x: npt.NDArray[np.float32], batch: int) -> npt.NDArray[np.float32]:
     if not 0 < batch <= len(x):
         raise ValueError(f"batch must be in 1..{len(x)}, got {batch}")
@@ -189,6 +262,15 @@ def _exclusive_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            _fsync_file(path)
+    for path in [*root.rglob("*"), root]:
+        if path.is_dir():
+            _fsync_dir(path)
 
 
 def _fsync_file(path: Path) -> None:

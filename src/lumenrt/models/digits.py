@@ -37,6 +37,11 @@ def held_out() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     return _split()[1]
 
 
+def calibration_rows() -> npt.NDArray[np.float32]:
+    """The training rows (never the held-out ones): what quantizing the model calibrates on."""
+    return _split()[0][0]
+
+
 def _split() -> Split:
     from sklearn.datasets import load_digits
 

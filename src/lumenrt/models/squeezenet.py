@@ -20,6 +20,8 @@ OUTPUT_NAME = "prob"
 IMAGE_SHAPE = (3, 224, 224)
 NUM_CLASSES = 1000
 SEED = 0
+EXAMPLE_SEED = 1  # the example images, which quantizing holds out to measure agreement on
+CALIBRATION_SEED = 2  # what quantizing calibrates on: other images than the examples
 OPSET = 17
 IR_VERSION = 8  # the lowest IR that carries opset 17; readable by every onnxruntime since 1.11
 
@@ -164,6 +166,7 @@ def write(model_dir: Path) -> dict[str, Any]:
     }
 
 
-def example_images(batch: int, seed: int = 1) -> npt.NDArray[np.float32]:
-    """A deterministic batch of standard-normal "images" (the scale of a normalized photo)."""
+def example_images(batch: int, seed: int = EXAMPLE_SEED) -> npt.NDArray[np.float32]:
+    """A deterministic batch of standard-normal "images" (the scale of a normalized photo); the
+    first images of a seed are the same whatever the batch."""
     return np.random.default_rng(seed).standard_normal((batch, *IMAGE_SHAPE), dtype=np.float32)
