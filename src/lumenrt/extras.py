@@ -20,6 +20,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "bench": ("faster_fifo", "zmq"),  # benchmarks/queues.py compares against them (skipped without)
     "dashboard": ("streamlit", "plotly"),  # `lumenrt dashboard`; plotly alone: `lumenrt bench report`
     "torch": ("torch",),  # the PyTorch backend
+    "gpu": ("pynvml",),  # nvidia-ml-py: NVML figures of GPU instances (engine/gpu/torch_device.py)
     # `lumenrt serve --trace`: OpenTelemetry spans over OTLP/HTTP (observability/tracing.py)
     "trace": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
 }

@@ -16,7 +16,7 @@ KEYS = {
     "batches", "failures", "expired", "cancelled", "rejected", "arena_fallbacks", "inputs_in_place", "queue_ns",
     "input_ns", "infer_ns", "output_ns", "batch_rows", "arena", "ring", "lane", "worker_deaths",
     "replacement_failures", "pids", "rejections", "batch_ns", "queue_buckets", "compute_buckets",
-    "queued", "workers_ready",
+    "queued", "workers_ready", "gpu",
 }  # fmt: skip
 CONFIGS = [
     (mode, queue, allocator)
@@ -51,6 +51,7 @@ def test_statistics_have_the_same_shape_and_counts(engine: Engine) -> None:
     assert len(stats["pids"]) == stats["workers"] >= 1
     assert stats["workers_ready"] == stats["workers"] and stats["queued"] == 0
     assert stats["rejections"] == {"queue_full": 0, "unloading": 0, "ring_refused": 0}
+    assert stats["gpu"] is None  # no GPU instances (engine/gpu/stats.py otherwise)
 
 
 def test_histograms_count_every_request_run_in_both_modes(engine: Engine) -> None:

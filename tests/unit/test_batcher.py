@@ -295,3 +295,31 @@ def test_requests_queued_at_close_are_dispatched_before_ring_closed(
     assert _ids(batcher.next_batch()) == [0, 1, 2]
     with pytest.raises(RingClosed):
         batcher.next_batch()
+
+
+# ---- the non-blocking batch (a GPU worker with a batch on its device) -------------------------
+
+
+def test_try_next_batch_takes_what_is_queued_and_never_waits(scripted: Scripted) -> None:
+    source = scripted(queued=[1, 2], later=[(1 * MS, 1)])
+    batcher = Batcher(source, BatchPolicy(max_rows=4, max_queue_delay_ns=5 * MS), IdleBoard(1), me=0)
+    assert batcher.try_next_batch() == [1, 2]  # no queue delay waited for the third
+    assert source.now_ns == 0 and all(t == 0 for t in source.timeouts)
+    assert batcher.try_next_batch() == []  # nothing queued now: answered at once, still at t=0
+    assert source.now_ns == 0
+
+
+def test_try_next_batch_starts_with_the_carry_and_keeps_max_rows(scripted: Scripted) -> None:
+    source = scripted(queued=[3, 3, 1])
+    batcher = Batcher(source, BatchPolicy(max_rows=4), None, me=0)
+    assert batcher.try_next_batch() == [3]  # the second 3 is carried (it would make 6 rows)
+    assert batcher.try_next_batch() == [3, 1]
+    assert batcher.try_next_batch() == []
+
+
+def test_try_next_batch_raises_ring_closed_once_drained() -> None:
+    batcher = Batcher(_closed_ring_with([1, 1]), BatchPolicy(max_rows=1), IdleBoard(1), me=0)
+    assert _ids(batcher.try_next_batch()) == [0]
+    assert _ids(batcher.try_next_batch()) == [1]
+    with pytest.raises(RingClosed):
+        batcher.try_next_batch()

@@ -9,12 +9,15 @@ PyTorch) let thread-mode workers run in parallel.
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
+
+if TYPE_CHECKING:
+    from lumenrt.engine.gpu.device import Device, DeviceProgram
 
 Array = npt.NDArray[np.generic]
 
@@ -30,6 +33,7 @@ class Placement:
     inter_op_threads: int = 1
     node: int = -1  # -1: no binding (the cores span nodes, or nothing was planned)
     bind_memory: bool = True  # set the worker's memory policy to ``node`` (else: first touch only)
+    gpu: int = -1  # a GPU instance's CUDA device (its worker feeds it: engine/gpu/); -1: a CPU instance
 
 
 class BackendSession(Protocol):
@@ -49,6 +53,24 @@ class Backend(Protocol):
         ...
 
     def load(self, model_path: Path, config: ModelConfig, placement: Placement) -> BackendSession: ...
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """A backend whose models can run as GPU instances (KIND_GPU; engine/gpu/)."""
+
+    name: str
+
+    def check_gpu(self, config: ModelConfig) -> None:
+        """What running ``config`` on a GPU needs of this install, checked before any device is
+        opened: ConfigError naming what to install (e.g. onnxruntime-gpu)."""
+        ...
+
+    def load_gpu(
+        self, model_path: Path, config: ModelConfig, device: "Device", stream: Any
+    ) -> "DeviceProgram":
+        """The model on ``device``, its work enqueued on ``stream`` (the instance's compute stream)."""
+        ...
 
 
 REGISTRY: dict[str, Backend] = {}

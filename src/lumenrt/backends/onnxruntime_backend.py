@@ -1,4 +1,5 @@
-"""ONNX Runtime backend: one ``InferenceSession`` per model instance, on the CPU provider.
+"""ONNX Runtime backend: one ``InferenceSession`` per model instance, on the CPU provider (GPU
+instances: on the CUDA provider, backends/onnxruntime_cuda.py).
 
 Threads come from the placement, never from ONNX Runtime's defaults (which size the intra-op pool
 to every core of the machine): ``intra_op_num_threads = placement.intra_op_threads`` and
@@ -344,6 +345,22 @@ class OnnxRuntimeBackend:
         return OnnxRuntimeSession(
             session=session, feeds=feeds, output_names=output_names, pool_pinned=pins_pool(placement)
         )
+
+    def check_gpu(self, config: ModelConfig) -> None:
+        """GPU instances need onnxruntime-gpu's CUDA provider (backends/onnxruntime_cuda.py)."""
+        from lumenrt.backends.onnxruntime_cuda import check_cuda_provider
+
+        check_cuda_provider(config)
+
+    def load_gpu(self, model_path: Path, config: ModelConfig, device: Any, stream: Any) -> Any:
+        """A GPU instance's program: a session on the CUDA provider, on the instance's stream."""
+        from lumenrt.backends.onnxruntime_cuda import OrtCudaProgram, stream_handle
+
+        # one intra-op thread: the CPU provider only runs the nodes CUDA lacks, on the worker's thread
+        so = session_options(
+            Placement(cores=(), intra_op_threads=1), config.parameters.get("onnxruntime"), config.source
+        )
+        return OrtCudaProgram(model_path, config, so, device.index, stream_handle(stream))
 
 
 def select_outputs(model_outputs: Sequence[str], wanted: Sequence[TensorSpec], source: str) -> list[str]:

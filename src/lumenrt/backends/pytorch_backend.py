@@ -1,4 +1,5 @@
-"""PyTorch backend: a TorchScript (``model.pt``) or ``torch.export`` (``model.pt2``) file on CPU.
+"""PyTorch backend: a TorchScript (``model.pt``) or ``torch.export`` (``model.pt2``) file on CPU,
+and on CUDA for GPU instances (``load_gpu``: backends/pytorch_cuda.py, engine/gpu/).
 
 The model is called with its inputs as positional tensors, in the order the config lists them,
 under ``torch.inference_mode()``. Inputs are shared with numpy, not copied (``torch.from_numpy``,
@@ -110,13 +111,7 @@ class PyTorchBackend:
 
     def load(self, model_path: Path, config: ModelConfig, placement: Placement) -> PyTorchSession:
         source = config.source or str(model_path)
-        if not config.inputs or not config.outputs:
-            raise ConfigError(source, "inputs" if not config.inputs else "outputs", _MUST_LIST)
-        options = config.parameters.get("pytorch")
-        if options:
-            raise ConfigError(
-                source, f"parameters.pytorch.{next(iter(options))}", "unknown option (none exist)"
-            )
+        self._check(config, source)
         inputs = tuple(
             (spec.name, _input_dtype(spec, index, source)) for index, spec in enumerate(config.inputs)
         )
@@ -131,6 +126,34 @@ class PyTorchBackend:
         return PyTorchSession(
             module=module, inputs=inputs, output_names=tuple(spec.name for spec in config.outputs)
         )
+
+    def check_gpu(self, config: ModelConfig) -> None:
+        """The config as for CPU (the device itself says whether there is CUDA)."""
+        source = config.source or config.name
+        self._check(config, source)
+        for index, spec in enumerate(config.inputs):
+            _input_dtype(spec, index, source)
+
+    def load_gpu(self, model_path: Path, config: ModelConfig, device: Any, stream: Any) -> Any:
+        """A GPU instance's program (backends/pytorch_cuda.py): the module on the device."""
+        from lumenrt.backends.pytorch_cuda import TorchCudaProgram, device_of, load_module
+
+        target = device_of(device)
+        with _LOAD_LOCK, warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="`torch.jit.load` is deprecated", category=DeprecationWarning
+            )
+            module = load_module(model_path, target)
+        return TorchCudaProgram(module, config)
+
+    def _check(self, config: ModelConfig, source: str) -> None:
+        if not config.inputs or not config.outputs:
+            raise ConfigError(source, "inputs" if not config.inputs else "outputs", _MUST_LIST)
+        options = config.parameters.get("pytorch")
+        if options:
+            raise ConfigError(
+                source, f"parameters.pytorch.{next(iter(options))}", "unknown option (none exist)"
+            )
 
 
 def _load_torchscript(model_path: Path) -> torch.jit.ScriptModule:

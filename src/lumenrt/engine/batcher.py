@@ -186,15 +186,41 @@ class Batcher(Generic[T]):
 
     def next_batch(self) -> list[T]:
         """Blocks for the first request; raises RingClosed once the ring is closed and drained."""
-        policy, source = self._policy, self._source
         first = self._take_first()
-        t_first_ns = time.monotonic_ns()
+        return self._fill(first, time.monotonic_ns())
+
+    def try_next_batch(self) -> list[T]:
+        """A batch of what is queued now, never waiting: [] when nothing is (a GPU worker with a
+        batch still on its device asks this, so that it can answer that batch instead of sleeping).
+        No queue delay is waited for either: the batch on the device is the delay. RingClosed once
+        the ring is closed and drained."""
+        if self._carry:
+            first = self._carry.pop(0)
+        else:
+            taken = self._source.take(1, 0)
+            if not taken:
+                return []
+            first = taken[0]
+        policy = self._policy
+        batch, rows = self._with_carry(first)
+        if rows < policy.max_rows and not self._carry:
+            self._add(batch, self._more(policy.max_rows - rows, 0), rows)
+        return batch
+
+    def _with_carry(self, first: T) -> tuple[list[T], int]:
+        """``first`` and the carried requests that fit after it."""
+        source, max_rows = self._source, self._policy.max_rows
         batch = [first]
         rows = source.rows(first)
-        while self._carry and rows + source.rows(self._carry[0]) <= policy.max_rows:
+        while self._carry and rows + source.rows(self._carry[0]) <= max_rows:
             item = self._carry.pop(0)
             batch.append(item)
             rows += source.rows(item)
+        return batch, rows
+
+    def _fill(self, first: T, t_first_ns: int) -> list[T]:
+        policy, source = self._policy, self._source
+        batch, rows = self._with_carry(first)
         if rows >= policy.max_rows or self._carry:
             return batch
         board = self._board

@@ -10,6 +10,10 @@ dimension when ``max_batch_size > 0``; -1 marks a variable dimension.
 imports no backend: the backends import it). Unknown keys are refused (a typo must not pass
 silently), and every error names the file and the dotted field path, e.g.
 ``input[1].dims[0]``. The checked readers at the bottom are shared with ``server_config``.
+
+Instances: Triton's ``instance_group``, one KIND_CPU group (``instance_group``, None when only
+KIND_GPU groups are listed) and any number of KIND_GPU groups (``gpu_groups``); ``optimization``
+holds how GPU instances run (``GpuOptions``, engine/gpu/) and is refused for a model without any.
 """
 
 import difflib
@@ -89,10 +93,44 @@ class DynamicBatching:
 
 @dataclass(frozen=True, slots=True)
 class InstanceGroup:
+    """The model's CPU instances (Triton's ``kind: KIND_CPU``, or ``KIND_AUTO``)."""
+
     count: int = 0  # model instances (one per worker); 0 = one per core given to the model
     cores: tuple[int, ...] = ()  # cores to pin instances to; () = the server's cores
     numa_node: int | None = None  # keep the instances (threads and memory) on this node
     host_policy: str = ""  # Triton's: a named engine.host_policies entry (numa_node / cpu_cores)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuGroup:
+    """Triton's ``kind: KIND_GPU`` group: ``count`` instances on each device of ``gpus``. Each
+    instance is one worker thread of the engine bound to its device (engine/gpu/)."""
+
+    count: int = 1
+    gpus: tuple[int, ...] = (0,)  # CUDA device indices, as the process sees them (CUDA_VISIBLE_DEVICES)
+
+
+GPU_AUTOCAST = ("FP16", "BF16")  # optimization.cuda.autocast (FP32: none)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOptions:
+    """How a model's GPU instances run (``optimization``, read only with KIND_GPU groups). Triton's
+    names where Triton has the switch; lumenrt's own are marked."""
+
+    accelerator: str = (
+        ""  # execution_accelerators.gpu_execution_accelerator: "" or "cuda" (ONNX Runtime's CUDA EP)
+    )
+    graphs: bool = False  # cuda.graphs: CUDA graphs captured at load for the preferred batch sizes
+    autocast: str = ""  # cuda.autocast (lumenrt's): "" (FP32), FP16 or BF16; PyTorch models only
+    copy_streams: bool = (
+        True  # cuda.copy_streams (lumenrt's): copies on streams of their own; False: one stream
+    )
+    busy_wait_events: bool = (
+        False  # cuda.busy_wait_events: the worker spins on its batch's event, never sleeps
+    )
+    pinned_input: bool = True  # input_pinned_memory.enable: page-locked input staging (else pageable)
+    pinned_output: bool = True  # output_pinned_memory.enable
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +141,21 @@ class ModelConfig:
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     dynamic_batching: DynamicBatching | None = None  # None = every request runs alone
-    instance_group: InstanceGroup = field(default_factory=InstanceGroup)
+    # the CPU instances; None when instance_group lists only KIND_GPU groups
+    instance_group: InstanceGroup | None = field(default_factory=InstanceGroup)
+    gpu_groups: tuple[GpuGroup, ...] = ()  # KIND_GPU groups, in the order given
+    gpu: GpuOptions = field(default_factory=GpuOptions)  # ``optimization``: how GPU instances run
     parameters: Mapping[str, Any] = field(default_factory=dict)  # backend options
     warmup: int = 0  # inference runs on zeros at load, per instance
     version_policy: str = "latest"  # "latest" | "all" | "specific"
     versions: tuple[int, ...] = ()  # with version_policy "specific"
     response_cache: bool = False  # Triton's response_cache.enable: answers kept within the server's budget
     source: str = ""  # the config file this came from (for error messages)
+
+    @property
+    def gpu_devices(self) -> tuple[int, ...]:
+        """The device of each GPU instance: ``count`` per listed GPU, group by group."""
+        return tuple(gpu for g in self.gpu_groups for gpu in g.gpus for _ in range(g.count))
 
 
 # --- loading a model config ------------------------------------------------------------------------
@@ -128,6 +174,7 @@ _MODEL_KEYS = (
     "warmup",
     "version_policy",
     "response_cache",
+    "optimization",
 )
 _TENSOR_KEYS = ("name", "datatype", "data_type", "dims")  # data_type: Triton's spelling
 _BATCHING_KEYS = (
@@ -142,8 +189,11 @@ _BATCHING_KEYS = (
 )
 _POLICY_KEYS = ("max_queue_size", "default_timeout_microseconds", "allow_timeout_override", "timeout_action")
 MAX_PRIORITY_LEVELS = 16  # guessed: more levels than any scheduling scheme here needs; each is a ring
-_INSTANCE_KEYS = ("count", "cores", "kind", "numa_node", "host_policy")
-_INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU")  # Triton's; lumenrt places instances on CPU cores
+_INSTANCE_KEYS = ("count", "cores", "kind", "numa_node", "host_policy", "gpus")
+_INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")  # Triton's; KIND_AUTO is KIND_CPU here
+_CPU_ONLY_KEYS = ("cores", "numa_node", "host_policy")
+_OPTIMIZATION_KEYS = ("execution_accelerators", "cuda", "input_pinned_memory", "output_pinned_memory")
+_CUDA_KEYS = ("graphs", "autocast", "copy_streams", "busy_wait_events")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")  # safe in a URL path and as a folder name
 
 
@@ -183,6 +233,16 @@ def model_config_from_dict(raw: Mapping[str, Any], source: str, default_name: st
             )
         batching = _dynamic_batching(raw["dynamic_batching"], source, max_batch_size)
     policy, versions = _version_policy(raw.get("version_policy", "latest"), source)
+    cpu_group, gpu_groups = _instance_groups(raw.get("instance_group", {}), source)
+    gpu = GpuOptions()
+    if "optimization" in raw:
+        if not gpu_groups:
+            raise ConfigError(
+                source,
+                "optimization",
+                "applies to KIND_GPU instances only, and instance_group lists none",
+            )
+        gpu = _optimization(raw["optimization"], source, backend)
     return ModelConfig(
         name=name,
         backend=backend,
@@ -190,7 +250,9 @@ def model_config_from_dict(raw: Mapping[str, Any], source: str, default_name: st
         inputs=_tensors(raw, ("input", "inputs"), source),
         outputs=_tensors(raw, ("output", "outputs"), source),
         dynamic_batching=batching,
-        instance_group=_instance_group(raw.get("instance_group", {}), source),
+        instance_group=cpu_group,
+        gpu_groups=gpu_groups,
+        gpu=gpu,
         parameters=dict(check_keys(raw.get("parameters", {}), None, source, "parameters")),
         warmup=read_int(raw.get("warmup", 0), source, "warmup", minimum=0),
         version_policy=policy,
@@ -370,15 +432,52 @@ def _response_cache(raw: Any, source: str) -> bool:
     return read_bool(raw.get("enable", False), source, "response_cache.enable")
 
 
-def _instance_group(raw: Any, source: str) -> InstanceGroup:
-    path = "instance_group"
-    if isinstance(raw, list):  # Triton's form: [{count: 2, kind: KIND_CPU}]
-        if len(raw) != 1:
-            raise ConfigError(source, path, f"lumenrt runs one instance group per model, got {len(raw)}")
-        raw, path = raw[0], "instance_group[0]"
+def _instance_groups(raw: Any, source: str) -> tuple[InstanceGroup | None, tuple[GpuGroup, ...]]:
+    """The CPU group (at most one; None when only KIND_GPU groups are listed) and the GPU groups.
+    Triton's list form ``[{kind: KIND_GPU, count: 1, gpus: [0]}, {kind: KIND_CPU, count: 2}]`` or
+    one group as a mapping."""
+    if not isinstance(raw, list):  # one group: {count: 2} (a CPU group unless its kind says)
+        group = _instance_group(raw, source, "instance_group")
+        return (group, ()) if isinstance(group, InstanceGroup) else (None, (group,))
+    if not raw:
+        raise ConfigError(source, "instance_group", "lists no group (leave it out for the default)")
+    cpu: InstanceGroup | None = None
+    cpu_at = -1
+    gpus: list[GpuGroup] = []
+    for i, item in enumerate(raw):
+        group = _instance_group(item, source, f"instance_group[{i}]")
+        if isinstance(group, GpuGroup):
+            gpus.append(group)
+        elif cpu is not None:
+            raise ConfigError(
+                source,
+                f"instance_group[{i}]",
+                f"lumenrt runs one KIND_CPU instance group per model (also instance_group[{cpu_at}]): "
+                "merge their counts",
+            )
+        else:
+            cpu, cpu_at = group, i
+    return cpu, tuple(gpus)
+
+
+def _instance_group(raw: Any, source: str, path: str) -> InstanceGroup | GpuGroup:
     raw = check_keys(raw, _INSTANCE_KEYS, source, path)
-    if "kind" in raw:
-        read_choice(raw["kind"], _INSTANCE_KINDS, source, f"{path}.kind")
+    kind = read_choice(raw.get("kind", "KIND_CPU"), _INSTANCE_KINDS, source, f"{path}.kind")
+    if kind == "KIND_GPU":
+        for key in _CPU_ONLY_KEYS:
+            if key in raw:
+                raise ConfigError(
+                    source,
+                    f"{path}.{key}",
+                    "only for KIND_CPU groups: a GPU instance's host thread gets a CPU of its own "
+                    "from the placement plan",
+                )
+        gpus = read_int_list(raw.get("gpus", [0]), source, f"{path}.gpus", minimum=0)
+        if not gpus:
+            raise ConfigError(source, f"{path}.gpus", "must list at least one device index (default [0])")
+        return GpuGroup(count=read_int(raw.get("count", 1), source, f"{path}.count", minimum=1), gpus=gpus)
+    if "gpus" in raw:
+        raise ConfigError(source, f"{path}.gpus", f"only for kind KIND_GPU (this group is {kind})")
     node = raw.get("numa_node")
     policy = raw.get("host_policy", "")
     if not isinstance(policy, str):
@@ -389,12 +488,94 @@ def _instance_group(raw: Any, source: str) -> InstanceGroup:
         numa_node=None if node is None else read_int(node, source, f"{path}.numa_node", minimum=0),
         host_policy=policy,
     )
-    given = [k for k in ("cores", "numa_node", "host_policy") if k in raw]
+    given = [k for k in _CPU_ONLY_KEYS if k in raw]
     if len(given) > 1:
         raise ConfigError(
             source, f"{path}.{given[1]}", f"give one of cores, numa_node and host_policy, not {given}"
         )
     return group
+
+
+def _optimization(raw: Any, source: str, backend: str) -> GpuOptions:
+    """Triton's ``optimization`` block, the parts that GPU instances read (see GpuOptions)."""
+    raw = check_keys(raw, _OPTIMIZATION_KEYS, source, "optimization")
+    accelerator = ""
+    if "execution_accelerators" in raw:
+        path = "optimization.execution_accelerators"
+        accelerators = check_keys(raw["execution_accelerators"], ("gpu_execution_accelerator",), source, path)
+        if "gpu_execution_accelerator" in accelerators:
+            accelerator = _gpu_accelerator(
+                accelerators["gpu_execution_accelerator"],
+                source,
+                f"{path}.gpu_execution_accelerator",
+                backend,
+            )
+    cuda = check_keys(raw.get("cuda", {}), _CUDA_KEYS, source, "optimization.cuda")
+    autocast = ""
+    if "autocast" in cuda:
+        path = "optimization.cuda.autocast"
+        autocast = read_choice(cuda["autocast"], ("FP32", *GPU_AUTOCAST), source, path)
+        autocast = "" if autocast == "FP32" else autocast
+        if autocast and backend != "pytorch":
+            raise ConfigError(
+                source, path, f"PyTorch models only (a {backend} model runs in the precision it was saved in)"
+            )
+    graphs = read_bool(cuda.get("graphs", False), source, "optimization.cuda.graphs")
+    if graphs and backend == "onnxruntime":
+        raise ConfigError(
+            source,
+            "optimization.cuda.graphs",
+            "lumenrt captures CUDA graphs of PyTorch models only (not ONNX Runtime's yet)",
+        )
+    return GpuOptions(
+        accelerator=accelerator,
+        graphs=graphs,
+        autocast=autocast,
+        copy_streams=read_bool(cuda.get("copy_streams", True), source, "optimization.cuda.copy_streams"),
+        busy_wait_events=read_bool(
+            cuda.get("busy_wait_events", False), source, "optimization.cuda.busy_wait_events"
+        ),
+        pinned_input=_enabled(raw, "input_pinned_memory", source),
+        pinned_output=_enabled(raw, "output_pinned_memory", source),
+    )
+
+
+def _gpu_accelerator(raw: Any, source: str, path: str, backend: str) -> str:
+    """Triton's ``gpu_execution_accelerator: [{name: cuda}]``: ONNX Runtime's CUDA execution
+    provider, named (KIND_GPU instances of an ONNX model use it anyway). TensorRT is refused."""
+    if backend != "onnxruntime":
+        raise ConfigError(
+            source,
+            path,
+            f"only the onnxruntime backend has execution accelerators (a {backend} model's GPU "
+            "instances run on CUDA through its own library)",
+        )
+    if not isinstance(raw, list) or len(raw) != 1:
+        raise ConfigError(
+            source, path, f"must be a list of one accelerator, [{{name: cuda}}], got {_show(raw)}"
+        )
+    entry = check_keys(raw[0], ("name", "parameters"), source, f"{path}[0]")
+    name = read_str(entry.get("name"), source, f"{path}[0].name")
+    if name.lower() == "tensorrt":
+        raise ConfigError(
+            source,
+            f"{path}[0].name",
+            "TensorRT is not supported by lumenrt: use [{name: cuda}] (ONNX Runtime's "
+            "CUDAExecutionProvider) or leave gpu_execution_accelerator out",
+        )
+    if name.lower() != "cuda":
+        raise ConfigError(
+            source, f"{path}[0].name", f"must be cuda (the only one lumenrt runs), got {name!r}"
+        )
+    if entry.get("parameters"):
+        raise ConfigError(source, f"{path}[0].parameters", "the cuda accelerator takes no parameters")
+    return "cuda"
+
+
+def _enabled(raw: Mapping[str, Any], key: str, source: str) -> bool:
+    """Triton's ``{enable: true}`` switches; on when absent."""
+    block = check_keys(raw.get(key, {}), ("enable",), source, f"optimization.{key}")
+    return read_bool(block.get("enable", True), source, f"optimization.{key}.enable")
 
 
 def _version_policy(raw: Any, source: str) -> tuple[str, tuple[int, ...]]:

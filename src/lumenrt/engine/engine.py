@@ -248,7 +248,9 @@ class Engine:
         loaded = self.repository.load(name)
         plan, configs = self.plan, self._configs
         if loaded and (
-            name not in configs or configs[name].instance_group != loaded[-1].config.instance_group
+            name not in configs
+            or (configs[name].instance_group, configs[name].gpu_groups)
+            != (loaded[-1].config.instance_group, loaded[-1].config.gpu_groups)
         ):
             configs = {**configs, name: loaded[-1].config}
             running = (

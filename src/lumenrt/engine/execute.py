@@ -31,7 +31,9 @@ import numpy as np
 
 from lumenrt.backends.base import BackendSession
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.request import Array
+from lumenrt.engine.descriptors import request_generation
+from lumenrt.engine.request import Array, InferRequest
+from lumenrt.native import Item
 
 E = TypeVar("E")
 E_contra = TypeVar("E_contra", contravariant=True)
@@ -81,6 +83,15 @@ class BatchPlan:
     config: ModelConfig
     buffers: dict[str, Array] = field(default_factory=dict)
     variable: bool = False
+
+
+def current_records(items: Sequence[Item], records: list[InferRequest]) -> list[InferRequest]:
+    """The request records a batch of descriptors names, less any whose record was answered and
+    reused meanwhile (its generation moved on: not this request)."""
+    batch = [records[item.request_id] for item in items]
+    if any(r.generation != request_generation(i) for r, i in zip(batch, items, strict=True)):
+        batch = [r for r, i in zip(batch, items, strict=True) if r.generation == request_generation(i)]
+    return batch
 
 
 def execute_batch(plan: BatchPlan, session: BackendSession, batch: Sequence[E], sink: Sink[E]) -> None:

@@ -103,7 +103,7 @@ class InlineLane:
 
     def open(self) -> None:
         """Load the lane's session, warm it, time it; ``auto`` keeps it only if the model is small."""
-        if self.mode == "queue":
+        if self.mode == "queue" or self.config.gpu_groups:  # GPU instances: the lane would run it on a CPU
             return
         if self.mode == "auto" and (self.config.backend not in AUTO_BACKENDS or self._process_mode):
             return

@@ -10,6 +10,9 @@ What the settings decide:
   - ``engine.host_policies``: Triton's named host policies, which a model's
     ``instance_group.host_policy`` names instead of ``numa_node`` or ``cores``;
   - ``engine.queue_type: spsc``: one worker per model (the ring has one consumer).
+
+A model's KIND_GPU instances are workers too: one host thread each, planned as one busy thread
+(placement/plan.py rule 9); their Placement carries the device (``gpu``).
 """
 
 import logging
@@ -49,7 +52,24 @@ def engine_topology(settings: EngineConfig, root: str = "/") -> Topology:
 
 
 def demand_for(config: ModelConfig, settings: EngineConfig) -> Demand:
+    gpus = config.gpu_devices
     group = config.instance_group
+    if group is None:  # KIND_GPU groups only
+        if settings.queue_type == "spsc" and len(gpus) > 1:
+            raise ConfigError(
+                config.source or config.name,
+                "instance_group",
+                f"engine.queue_type spsc has one consumer per model, and {len(gpus)} GPU instances "
+                "are asked: use another queue_type (mpmc) or one instance",
+            )
+        return Demand(config.name, gpus=gpus, cpu=False)
+    if settings.queue_type == "spsc" and gpus:
+        raise ConfigError(
+            config.source or config.name,
+            "instance_group",
+            "engine.queue_type spsc has one consumer per model: a model with both CPU and GPU "
+            "instances needs another queue_type (mpmc)",
+        )
     cores, node = group.cores, group.numa_node
     if group.host_policy:
         policy = settings.host_policy(group.host_policy)
@@ -66,7 +86,7 @@ def demand_for(config: ModelConfig, settings: EngineConfig) -> Demand:
         count = 1
     elif settings.placement == "roundrobin" and not count:
         count = settings.thread_count
-    return Demand(config.name, count=count, cores=cores, node=node)
+    return Demand(config.name, count=count, cores=cores, node=node, gpus=gpus)
 
 
 def plan_engine(
@@ -93,9 +113,9 @@ def placements_of(plan: Plan, model: str, *, pin: bool = True, bind_memory: bool
     CPUs and no memory node; ``bind_memory`` False (``engine.memory_binding: first_touch``): pinned,
     memory left to first touch."""
     return [
-        Placement(cores=w.cpus, intra_op_threads=w.threads, node=w.node, bind_memory=bind_memory)
+        Placement(cores=w.cpus, intra_op_threads=w.threads, node=w.node, bind_memory=bind_memory, gpu=w.gpu)
         if pin
-        else Placement(cores=(), intra_op_threads=w.threads)
+        else Placement(cores=(), intra_op_threads=w.threads, gpu=w.gpu)
         for w in plan.model(model).workers
     ]
 

@@ -524,4 +524,5 @@ class ProcessPool:
             "worker_deaths": self.worker_deaths,
             "replacement_failures": self.replacement_failures,
             "pids": [int(p.pid) if p is not None and p.pid else 0 for p in self._procs],
+            "gpu": None,  # GPU instances run in the thread pool only (runtime.py)
         }

@@ -159,6 +159,12 @@ class ModelRuntime:
         self.delays = db is not None and any(
             db.policy(lv).timeout_action == "DELAY" for lv in range(1, self.levels + 1)
         )
+        if config.gpu_groups and options.worker_mode == "process":
+            raise ValueError(
+                f"model {config.name!r}: KIND_GPU instances need the thread pool (--mode thread): a "
+                "worker process would hold a CUDA context of its own (hundreds of MB of device memory "
+                "each) and its inputs would cross shared memory before the pinned staging buffers"
+            )
         if self.levels > 1 and options.worker_mode == "process":
             raise ValueError(
                 f"model {config.name!r}: dynamic_batching.priority_levels > 1 needs the thread pool "
@@ -171,8 +177,9 @@ class ModelRuntime:
         ]
         self._max_queue = sum(self._level_max)
         per_batch = max(config.max_batch_size, 1)
-        # records: every queued request plus what the workers may hold (a batch each, and a carry)
-        table_size = self._max_queue + 2 * per_batch * len(placements)
+        # records: every queued request plus what the workers may hold (a batch each, and a carry;
+        # a GPU instance: two batches in flight, engine/gpu/serving.py, and a carry)
+        table_size = self._max_queue + sum((3 if p.gpu >= 0 else 2) * per_batch for p in placements)
         self._arena_plan = arena_plan(config, options, table_size)
         pool_class = ProcessPool if options.worker_mode == "process" else ThreadPool
         lay = Layout()

@@ -2,9 +2,12 @@
 placement, pinned. Workers take request records straight from the runtime's ring and answer them
 themselves through the request table (no completion hop).
 
+A GPU instance (``Placement.gpu`` >= 0) is a worker thread like the others, taking from the same
+ring; once loaded it runs engine/gpu/serving.py's loop instead of execute.py's.
+
 Invariants (beside runtime.py's)
-  1. A worker thread never dies with requests unanswered (execute.py); it is never replaced, so
-     the pool is ready from start until close.
+  1. A worker thread never dies with requests unanswered (execute.py, gpu/serving.py); it is never
+     replaced, so the pool is ready from start until close.
   2. Each worker writes only its own WorkerStats; ``statistics`` adds them up.
 
 Shutdown order: the runtime closes the request ring; each worker drains what is left, sees
@@ -112,4 +115,15 @@ class ThreadPool:
             "worker_deaths": 0,  # thread workers never die (execute.py) and are never replaced
             "replacement_failures": 0,
             "pids": [os.getpid()] * self.size,
+            "gpu": self._gpu_statistics(),
         }
+
+    def _gpu_statistics(self) -> dict[str, Any] | None:
+        """The GPU instances' figures (engine/gpu/stats.py), None for a model without any."""
+        if all(w.placement.gpu < 0 for w in self._workers):
+            return None
+        from lumenrt.engine.gpu.serving import describe
+        from lumenrt.engine.gpu.stats import gpu_statistics
+
+        reports = [describe(w.serving) for w in self._workers if w.placement.gpu >= 0]
+        return gpu_statistics(r for r in reports if r is not None)

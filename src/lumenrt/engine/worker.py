@@ -1,4 +1,5 @@
-"""Thread-mode worker: one per core, pinned, owning one model session.
+"""Thread-mode worker: one per core, pinned, owning one model session (a GPU instance's worker:
+one host thread feeding its device, engine/gpu/serving.py).
 
 Loop: the batcher blocks for the first request (GIL released while it waits), gathers a batch,
 the worker drops requests that expired or were cancelled (answered, never run), concatenates the
@@ -21,15 +22,20 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from lumenrt.backends.base import Backend, Placement
+from lumenrt.backends.base import Backend, BackendSession, Placement
 from lumenrt.engine.batcher import Batcher, BatchPolicy, DelayingSource, IdleBoard, PrioritySource, RingSource
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.descriptors import request_generation
-from lumenrt.engine.execute import CANCELLED_MESSAGE, BatchPlan, execute_batch, timed_out_message
+from lumenrt.engine.execute import (
+    CANCELLED_MESSAGE,
+    BatchPlan,
+    current_records,
+    execute_batch,
+    timed_out_message,
+)
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, add_counts, duration_buckets
 from lumenrt.engine.placing import bind_this_thread, narrow_after_load
 from lumenrt.engine.request import (
@@ -159,6 +165,7 @@ class ThreadWorker:
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.native_id = 0  # its thread's id (0: not started), for /proc/<pid>/task/<tid>
+        self.serving: Serving | None = None  # once loaded (a GPU instance's reports its device)
         self._backend = backend
         self._model_path = model_path
         self._ring = ring
@@ -186,15 +193,12 @@ class ThreadWorker:
             self.native_id = threading.get_native_id()
             if self._pin:
                 bind_this_thread(self.placement)
-            session = self._backend.load(self._model_path, self.config, self.placement)
-            if self._pin:
-                narrow_after_load(self.placement, session)
-            for _ in range(self.config.warmup):
-                session.run(zeros_for(self.config, 1))
+            serving = self._load()
         except BaseException as e:  # reported by the runtime at load
             self.load_error = e
             self.ready.set()
             return
+        self.serving = serving
         self.ready.set()
         source: RingSource | PrioritySource | DelayingSource[Item]
         if self._doorbell is not None and self._levels:
@@ -205,27 +209,54 @@ class ThreadWorker:
             source = DelayingSource(source, self._table.records, self._requeue)
         self._signal = source.signal
         batcher = Batcher(source, self._policy, self._board, self.index)
-        records = self._table.records
-        plan = batch_plan(self.config)
         sink = ThreadSink(self.stats, self._table, self._signal)
         try:
-            while True:
-                try:
-                    items = batcher.next_batch()  # sets the latches of the last batch first
-                except RingClosed:
-                    break
-                batch = [records[item.request_id] for item in items]
-                if any(r.generation != request_generation(i) for r, i in zip(batch, items, strict=True)):
-                    # a descriptor whose record was answered and reused meanwhile: not this request
-                    batch = [
-                        r for r, i in zip(batch, items, strict=True) if r.generation == request_generation(i)
-                    ]
-                execute_batch(plan, session, batch, sink)
+            serving.serve(batcher, self._table.records, sink)
         finally:
             for index in self._signal:  # completed, but the loop ended before the next take
                 self._table.latches.set(index)
             self._signal.clear()
-            session.close()
+            serving.close()
+
+    def _load(self) -> "Serving":
+        """The instance's session, loaded and warmed up on this (pinned) thread; a GPU instance's
+        is its device pipeline (engine/gpu/serving.py, imported only for one)."""
+        if self.placement.gpu >= 0:
+            from lumenrt.engine.gpu.serving import load_gpu_serving
+
+            return load_gpu_serving(self._backend, self._model_path, self.config, self.placement)
+        session = self._backend.load(self._model_path, self.config, self.placement)
+        if self._pin:
+            narrow_after_load(self.placement, session)
+        for _ in range(self.config.warmup):
+            session.run(zeros_for(self.config, 1))
+        return CpuServing(session, batch_plan(self.config))
+
+
+class Serving(Protocol):
+    """What a worker thread runs once loaded: its loop over batches, until the ring is drained."""
+
+    def serve(self, batcher: Batcher[Item], records: list[InferRequest], sink: "ThreadSink") -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CpuServing:
+    """A CPU instance: one batch at a time through its session (execute.py)."""
+
+    def __init__(self, session: BackendSession, plan: BatchPlan) -> None:
+        self._session, self._plan = session, plan
+
+    def serve(self, batcher: Batcher[Item], records: list[InferRequest], sink: "ThreadSink") -> None:
+        while True:
+            try:
+                items = batcher.next_batch()  # sets the latches of the last batch first
+            except RingClosed:
+                return
+            execute_batch(self._plan, self._session, current_records(items, records), sink)
+
+    def close(self) -> None:
+        self._session.close()
 
 
 class ThreadSink:

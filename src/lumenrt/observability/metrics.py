@@ -138,6 +138,7 @@ class ServiceCollector:
         yield from self._histograms(models)
         yield from self._counters(models)
         yield from self._gauges(models)
+        yield from gpu_families(models)
         in_flight = GaugeMetricFamily(
             "lumenrt_in_flight_requests", "Requests received and not yet answered, every model"
         )
@@ -308,6 +309,64 @@ class ServiceCollector:
                 if w["local_share"] is not None:
                     local.add_metric([*m.labels, str(w["worker"]), str(w["node"])], w["local_share"])
         yield from (depth, slots, ready, local)
+
+
+GPU_STAGES = ("copy_in", "compute", "copy_out")
+
+
+def gpu_families(models: list[_ModelNumbers]) -> Iterator[Metric]:
+    """GPU instances' figures (engine/gpu/stats.py), only when some model has GPU instances:
+    per model its device stage times, failed batches and the device memory its instances hold;
+    per device this process's memory and NVML's (Triton's ``nv_gpu_*`` names; present only with
+    nvidia-ml-py installed)."""
+    gpus = [(m, m.stats["gpu"]) for m in models if m.stats.get("gpu")]
+    if not gpus:
+        return
+    stages = CounterMetricFamily(
+        "lumenrt_gpu_stage_seconds",
+        "Device time of GPU instances' batches, by stage (copy_in, compute, copy_out)",
+        labels=[*MODEL_LABELS, "stage"],
+    )
+    failures = CounterMetricFamily(
+        "lumenrt_gpu_batch_failures",
+        "Batches a GPU instance's device (or launch) failed",
+        labels=MODEL_LABELS,
+    )
+    held = GaugeMetricFamily(
+        "lumenrt_gpu_model_memory_bytes",
+        "Device memory a model's GPU instances hold for themselves (weights, staging buffers)",
+        labels=[*MODEL_LABELS, "gpu"],
+    )
+    devices: dict[str, dict[str, Any]] = {}
+    for m, g in gpus:
+        for stage in GPU_STAGES:
+            stages.add_metric([*m.labels, stage], int(g[f"{stage}_ns"]) / 1e9)
+        failures.add_metric(m.labels, int(g["failures"]))
+        for index, d in sorted(g["devices"].items()):
+            held.add_metric([*m.labels, index], int(d["model_memory_bytes"]))
+            devices[index] = d
+    process = GaugeMetricFamily(
+        "lumenrt_gpu_process_memory_bytes",
+        "Device memory this server process holds (every model, the allocator's cache included)",
+        labels=["gpu"],
+    )
+    utilization = GaugeMetricFamily(
+        "nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0] (NVML, last sample period)", labels=["gpu"]
+    )
+    used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes (NVML)", labels=["gpu"])
+    total = GaugeMetricFamily(
+        "nv_gpu_memory_total_bytes", "GPU total memory, in bytes (NVML)", labels=["gpu"]
+    )
+    for index, d in sorted(devices.items()):
+        process.add_metric([index], int(d["process_memory_bytes"]))
+        nvml = d.get("nvml")
+        if nvml:
+            utilization.add_metric([index], float(nvml["utilization"]))
+            used.add_metric([index], float(nvml["memory_used_bytes"]))
+            total.add_metric([index], float(nvml["memory_total_bytes"]))
+    yield from (stages, failures, held, process)
+    if any(d.get("nvml") for d in devices.values()):
+        yield from (utilization, used, total)
 
 
 class ServiceMetrics:

@@ -41,6 +41,12 @@ Rules, in the order applied
   8. ``roundrobin`` is lumenrt's placement before planning, kept for the architecture matrix: each
      model gets ``count`` workers (default: one per usable CPU) pinned round-robin over every usable
      CPU, with no budget across models.
+  9. A GPU instance (``Demand.gpus``, one entry per instance) is one busy host thread: it gathers
+     batches, launches the model and waits for its device. Each gets one CPU of its own, after the
+     ingress and before the CPU workers divide what is left (a starved feeder idles a device worth
+     many cores), from the fullest node (spread) or the first with one free (pack, node:N); with
+     none left, or when crowded (rule 6), it shares the least given CPU, and the plan says so.
+     The GPU's own NUMA node is not read yet (a host thread may sit on the far node).
 
 This module reads nothing: it is a function of its inputs, so the tests give it fake machines.
 """
@@ -66,6 +72,8 @@ class Demand:
     count: int = 0  # instances; 0: one per CPU of the model's share
     cores: tuple[int, ...] = ()  # exactly these CPUs (instance_group.cores, a host policy's cpu-cores)
     node: int | None = None  # only this node's CPUs (instance_group.numa_node)
+    gpus: tuple[int, ...] = ()  # the device of each GPU instance (one host thread each: rule 9)
+    cpu: bool = True  # False: GPU instances only (no KIND_CPU group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,7 @@ class WorkerPlan:
     cpus: tuple[int, ...]  # the worker (and its backend's threads) is pinned to these
     threads: int  # compute threads of its session (the worker included), one per CPU
     node: int  # where its memory is bound (-1: its CPUs span nodes; roundrobin only)
+    gpu: int = -1  # a GPU instance's device (one host thread: rule 9); -1: a CPU instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +153,8 @@ class Plan:
                 m.model: {
                     "shared": m.shared,
                     "workers": [
-                        {"cpus": list(w.cpus), "threads": w.threads, "node": w.node} for w in m.workers
+                        {"cpus": list(w.cpus), "threads": w.threads, "node": w.node, "gpu": w.gpu}
+                        for w in m.workers
                     ],
                 }
                 for m in self.models
@@ -207,27 +217,34 @@ class _Planner:
                 for w in held.workers:
                     self._take(w.cpus)
                     self._give(w.cpus)
-            elif d.cores:
+            elif d.cores and d.cpu:
                 plans[d.model] = self._explicit(d)
         cpus_left = sum(len(v) for v in self.free.values())
-        auto = [d for d in self.demands if d.model not in plans]
+        auto = [d for d in self.demands if d.model not in plans and d.cpu]
+        feeding = [d for d in self.demands if d.model not in self.running and d.gpus]
+        gpu_threads = sum(len(d.gpus) for d in feeding)
         ingress: tuple[int, ...] = ()
-        if policy.ingress_threads and cpus_left - policy.ingress_threads >= len(auto):
+        if policy.ingress_threads and cpus_left - policy.ingress_threads - gpu_threads >= len(auto):
             first = self.free[nodes[0]]
             ingress = tuple(first[-policy.ingress_threads :])
             del first[-policy.ingress_threads :]
             self._give(ingress)
-        crowded = bool(policy.ingress_threads) and not ingress and bool(auto)
+        crowded = bool(policy.ingress_threads) and not ingress and bool(auto or feeding)
         if crowded:
+            gpu_part = f", {gpu_threads} GPU instance(s)" if gpu_threads else ""
             self._cut(
-                f"{len(auto)} model(s) and {policy.ingress_threads} ingress thread(s) need more than the "
-                f"{cpus_left} CPU(s) left: each model's workers are placed round-robin over all of them, "
-                "sharing them with the other models and the ingress"
+                f"{len(auto)} model(s){gpu_part} and {policy.ingress_threads} ingress thread(s) need more "
+                f"than the {cpus_left} CPU(s) left: each model's workers are placed round-robin over all "
+                "of them, sharing them with the other models and the ingress"
             )
+        feeders = {d.model: self._gpu_hosts(d, crowded) for d in feeding}  # rule 9: before the shares
         # models tied to a node first: they have fewer choices
         ordered = sorted(auto, key=lambda d: d.node is None)
         for i, d in enumerate(ordered):
             plans[d.model] = self._crowded(d) if crowded else self._share(d, ordered[i:])
+        for name, hosts in feeders.items():
+            cpu_workers = plans[name].workers if name in plans else ()
+            plans[name] = ModelPlan(name, (*cpu_workers, *hosts))
         doubled = {c for c, n in self.given.items() if n > 1}
         models = tuple(
             replace(plans[d.model], shared=True)
@@ -392,6 +409,30 @@ class _Planner:
                 workers.append(WorkerPlan(cpus, len(cpus), node))
         return ModelPlan(d.model, tuple(workers))
 
+    def _gpu_hosts(self, d: Demand, crowded: bool) -> tuple[WorkerPlan, ...]:
+        """Rule 9: one CPU of its own for each GPU instance's host thread, or a shared one."""
+        hosts: list[WorkerPlan] = []
+        shared = 0
+        for gpu in d.gpus:
+            pools = [n for n, v in self.free.items() if v]
+            if crowded or not pools:
+                cpu = min(self.planned, key=lambda c: (self.given.get(c, 0), -c))
+                shared += 1
+            else:
+                node = (
+                    max(pools, key=lambda n: (len(self.free[n]), -n))
+                    if self.policy.kind == "spread"
+                    else pools[0]
+                )
+                cpu = self.free[node].pop(0)
+            self._give((cpu,))
+            hosts.append(WorkerPlan((cpu,), 1, self.topo.node_of(cpu), gpu=gpu))
+        if shared and not crowded:  # crowded: said once for all models
+            self._cut(
+                f"{d.model}: {shared} of {len(d.gpus)} GPU instance thread(s) share a CPU: none was left"
+            )
+        return tuple(hosts)
+
     def _node_for(self, pools: list[int], threads: int, i: int) -> int:
         """spread: the next node in turn with room; pack and node:N: the first with room."""
         fits = [n for n in pools if len(self.free[n]) >= threads] or [
@@ -430,9 +471,11 @@ def _round_robin(topo: Topology, demands: Sequence[Demand], policy: Policy) -> P
         if not mine:
             raise PlacementError(f"{d.model}: instance_group.numa_node {d.node}: no usable CPU there")
         workers = []
-        for cpus in round_robin(d.count or len(mine), mine):
+        for cpus in round_robin(d.count or len(mine), mine) if d.cpu else []:
             nodes = {topo.node_of(c) for c in cpus}
             workers.append(WorkerPlan(cpus, len(cpus), min(nodes) if len(nodes) == 1 else -1))
+        hosts = [cpus[0] for cpus in round_robin(len(d.gpus), topo.usable_cpus)] if d.gpus else []
+        workers += [WorkerPlan((c,), 1, topo.node_of(c), gpu=g) for c, g in zip(hosts, d.gpus, strict=True)]
         models.append(ModelPlan(d.model, tuple(workers)))
     busy = policy.ingress_threads + sum(m.busy_threads for m in models)
     warnings: tuple[str, ...] = ()
@@ -457,9 +500,10 @@ def describe_plan(plan: Plan) -> str:
     for m in plan.models:
         for i, w in enumerate(m.workers):
             node = str(w.node) if w.node >= 0 else "spans nodes"
+            instance = f"{i} (GPU {w.gpu})" if w.gpu >= 0 else str(i)
             lines.append(
-                f"| {m.model} | {i} | {format_cpulist(w.cpus)}{' (shared)' if m.shared else ''} | {w.threads} "
-                f"| {node} |"
+                f"| {m.model} | {instance} | {format_cpulist(w.cpus)}{' (shared)' if m.shared else ''} "
+                f"| {w.threads} | {node} |"
             )
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)

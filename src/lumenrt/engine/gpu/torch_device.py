@@ -1,0 +1,153 @@
+"""``TorchCudaDevice``: the Device protocol (device.py) over ``torch.cuda``.
+
+Imported only by ``device.open_device``, when a GPU instance loads: a CPU-only server never
+imports this module (nor pynvml). One object per device index, shared by the instances on it;
+each instance makes its own streams and events.
+
+- host buffers: ``torch.empty(..., pin_memory=True)`` (page-locked: the copies are DMA'd and
+  asynchronous) or pageable when the config turns pinning off; the numpy array is a view of the
+  tensor's memory (no copy), the tensor is the HostBuffer's handle and keeps the memory alive.
+- copies: ``Tensor.copy_(non_blocking=True)`` under ``torch.cuda.stream``; into or out of pageable
+  memory CUDA makes them synchronous (what the pinned-vs-pageable benchmark measures).
+- events: timing events; ``blocking`` events make the host sleep in ``synchronize`` (CUDA's
+  blocking sync) instead of spinning (``optimization.cuda.busy_wait_events``).
+- graphs: ``torch.cuda.graph`` on the instance's compute stream, the capture's errors limited to
+  this thread (``capture_error_mode="thread_local"``: other instances keep serving meanwhile),
+  the graphs of one stream sharing one memory pool (they never run at once).
+- utilization: NVML through ``torch.cuda.utilization`` (which maps the index through
+  CUDA_VISIBLE_DEVICES), only when nvidia-ml-py is installed (``lumenrt[gpu]``).
+"""
+
+import importlib.util
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lumenrt.engine.gpu.device import DeviceError, HostBuffer
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - the torch extra is missing
+    raise DeviceError(
+        "KIND_GPU instances run on CUDA through PyTorch: pip install 'lumenrt[torch]' with a CUDA build of torch"
+    ) from exc
+
+CAPTURE_WARMUP_RUNS = 3  # eager runs before a capture (PyTorch's docs use 3: lazy init, autotuning)
+
+_opened: dict[int, "TorchCudaDevice"] = {}
+_open_lock = threading.Lock()
+_capture_lock = threading.Lock()  # one capture at a time in this process (load time only)
+
+
+def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+class TorchCudaDevice:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = f"cuda:{index}"
+        self.torch_device = torch.device(self.name)
+        self._pools: dict[int, Any] = {}  # id(stream) -> graph memory pool
+
+    @classmethod
+    def open(cls, index: int) -> "TorchCudaDevice":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"cuda:{index}: no CUDA device: torch {torch.__version__} reports torch.cuda.is_available() "
+                "False (a CPU build of torch, no NVIDIA driver, or CUDA_VISIBLE_DEVICES empty)"
+            )
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise DeviceError(
+                f"cuda:{index}: this process sees {count} CUDA device(s) (0..{count - 1}; "
+                "CUDA_VISIBLE_DEVICES narrows them)"
+            )
+        with _open_lock:
+            device = _opened.get(index)
+            if device is None:
+                device = _opened[index] = cls(index)
+            return device
+
+    def host_buffer(self, shape: tuple[int, ...], dtype: np.dtype[Any], *, pinned: bool) -> HostBuffer:
+        tensor = torch.zeros(shape, dtype=torch_dtype(dtype), pin_memory=pinned)
+        return HostBuffer(tensor.numpy(), tensor, pinned)
+
+    def device_buffer(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return torch.zeros(shape, dtype=torch_dtype(dtype), device=self.torch_device)
+
+    def new_stream(self) -> Any:
+        return torch.cuda.Stream(self.torch_device)  # type: ignore[no-untyped-call]
+
+    def new_event(self, *, blocking: bool) -> Any:
+        return torch.cuda.Event(enable_timing=True, blocking=blocking)  # type: ignore[no-untyped-call]
+
+    def copy_to_device(self, dst: Any, src: HostBuffer, rows: int, stream: Any) -> None:
+        with torch.cuda.stream(stream):
+            dst[:rows].copy_(src.handle[:rows], non_blocking=True)
+
+    def copy_to_host(self, dst: HostBuffer, src: Any, rows: int, stream: Any) -> None:
+        with torch.cuda.stream(stream):
+            dst.handle[:rows].copy_(src[:rows], non_blocking=True)
+
+    def launch(self, stream: Any, work: Callable[[], None]) -> None:
+        with torch.cuda.stream(stream):
+            work()
+
+    def capture(self, stream: Any, work: Callable[[], None]) -> Callable[[], None]:
+        with _capture_lock:
+            with torch.cuda.stream(stream):
+                for _ in range(CAPTURE_WARMUP_RUNS):
+                    work()
+            stream.synchronize()  # load time
+            pool = self._pools.get(id(stream))
+            if pool is None:
+                pool = self._pools[id(stream)] = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                    work()
+            except RuntimeError as exc:
+                raise DeviceError(
+                    f"{self.name}: CUDA graph capture failed ({exc}); set optimization.cuda.graphs false"
+                ) from exc
+        replay: Callable[[], None] = graph.replay
+        return replay
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def synchronize_event(self, event: Any) -> None:
+        try:
+            event.synchronize()
+        except RuntimeError as exc:  # torch.AcceleratorError and older torch's CUDA RuntimeError
+            raise DeviceError(f"{self.name}: {exc}") from exc
+
+    def synchronize_stream(self, stream: Any) -> None:
+        try:
+            stream.synchronize()
+        except RuntimeError as exc:
+            raise DeviceError(f"{self.name}: {exc}") from exc
+
+    def elapsed_ns(self, start: Any, end: Any) -> int:
+        return int(start.elapsed_time(end) * 1e6)  # elapsed_time: milliseconds, ~0.5 us resolution
+
+    def memory_used_bytes(self) -> int:
+        return int(torch.cuda.memory_reserved(self.torch_device))
+
+    def utilization(self) -> dict[str, float] | None:
+        if importlib.util.find_spec("pynvml") is None:  # nvidia-ml-py: the 'gpu' extra
+            return None
+        try:
+            return {
+                "utilization": torch.cuda.utilization(self.torch_device) / 100,
+                "memory_used_bytes": float(torch.cuda.device_memory_used(self.torch_device)),
+                "memory_total_bytes": float(torch.cuda.get_device_properties(self.index).total_memory),
+            }
+        except Exception:  # NVML missing from the driver, or refusing: not reported
+            return None

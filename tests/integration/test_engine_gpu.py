@@ -1,0 +1,273 @@
+"""GPU instances through the engine, on the fake device of tests/fake_device.py (no GPU needed):
+a test backend whose GPU program computes ``y = 2x`` on the fake device's arrays. Answers,
+instances of one model serving at once, CPU and GPU instances side by side, a failing batch
+confined to itself, device statistics, nothing allocated per request; and, with the real
+backends on this machine, the clear refusals (no CUDA, no onnxruntime-gpu, process mode).
+The real CUDA runs are tests/gpu/test_cuda.py."""
+
+import asyncio
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lumenrt.backends.base import REGISTRY, Placement
+from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
+from lumenrt.engine.engine import Engine, EngineConfig
+from lumenrt.engine.gpu import devices
+from lumenrt.engine.gpu.device import DeviceError
+from lumenrt.engine.request import EngineError
+from tests.fake_device import WAIT_GUARD_S, FakeDevice
+
+SETTINGS = EngineConfig(queue_type="mpmc", thread_count=0)
+IO = """
+input: [{name: x, datatype: FP32, dims: [4]}]
+output: [{name: y, datatype: FP32, dims: [4]}]
+"""
+
+
+class Rendezvous:
+    """Armed after load: the first program to run waits until another instance's program runs, so
+    that both instances have a batch on the device at once."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.holder: object = None
+        self.other_ran = threading.Event()
+        self.met: list[bool] = []
+
+    def run(self, program: object) -> None:
+        if not self.armed:
+            return
+        if self.holder is None:
+            self.holder = program
+            self.met.append(self.other_ran.wait(WAIT_GUARD_S))
+        elif self.holder is not program:
+            self.other_ran.set()
+
+
+class DoublingProgram:
+    """``y = 2x``; a row of -1s is a kernel that fails (reported at the batch's event)."""
+
+    weight_bytes = 1024
+
+    def __init__(self, rendezvous: Rendezvous) -> None:
+        self.rendezvous = rendezvous
+
+    def run(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+        x = inputs["x"]
+        if (x == -1).all(axis=-1).any():
+            raise RuntimeError("an illegal instruction on the fake device")
+        self.rendezvous.run(self)
+        outputs["y"][...] = x * 2
+
+    def close(self) -> None:
+        pass
+
+
+class DoublingSession:
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {"y": inputs["x"] * 2}
+
+    def close(self) -> None:
+        pass
+
+
+class FakeGpuBackend:
+    name = "fakegpu"
+    model_files: tuple[str, ...] = ("model.txt",)
+
+    def __init__(self) -> None:
+        self.rendezvous = Rendezvous()
+
+    def describe(
+        self, model_path: Path, config: ModelConfig
+    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        raise ConfigError(config.source, "inputs", "list them")
+
+    def load(self, model_path: Path, config: ModelConfig, placement: Placement) -> DoublingSession:
+        return DoublingSession()
+
+    def check_gpu(self, config: ModelConfig) -> None:
+        pass
+
+    def load_gpu(self, model_path: Path, config: ModelConfig, device: Any, stream: Any) -> DoublingProgram:
+        return DoublingProgram(self.rendezvous)
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDevice]:
+    dev = FakeDevice()
+    monkeypatch.setattr(devices, "open_device", lambda index: dev)
+    yield dev
+    dev.close()
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> FakeGpuBackend:
+    fake = FakeGpuBackend()
+    monkeypatch.setitem(REGISTRY, fake.name, fake)
+    return fake
+
+
+def repository(
+    root: Path, groups: str, backend: str = "fakegpu", file: str = "model.txt", extra: str = ""
+) -> Path:
+    (root / "m" / "1").mkdir(parents=True)
+    (root / "m" / "1" / file).write_text("fake")
+    (root / "m" / "config.yaml").write_text(
+        f"backend: {backend}\nmax_batch_size: 8\ndynamic_batching: {{max_queue_delay_us: 0}}\n"
+        f"instance_group: {groups}\n{IO}{extra}"
+    )
+    return root
+
+
+def rows(n: int, start: float = 0.0) -> np.ndarray:
+    return np.arange(start, start + 4 * n, dtype=np.float32).reshape(n, 4)
+
+
+def plan_json(engine: Engine) -> dict[str, Any]:
+    assert engine.plan is not None
+    return engine.plan.to_json()
+
+
+def check_no_leaks(engine: Engine) -> None:
+    for name in engine.models():
+        rt = engine.runtime(name)
+        assert rt.table.free == len(rt.table.records), "request records leaked"
+
+
+def test_gpu_instances_answer_and_report_device_stages(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    with Engine(repository(tmp_path, "[{kind: KIND_GPU, count: 2}]"), SETTINGS) as engine:
+        at_load = dict(device.counts)
+
+        async def many() -> list[Any]:
+            return await asyncio.gather(
+                *(engine.infer_async("m", {"x": rows(1 + i % 3, i)}) for i in range(40))
+            )
+
+        results = asyncio.run(many())
+        for i, result in enumerate(results):
+            np.testing.assert_array_equal(result.outputs["y"], rows(1 + i % 3, i) * 2)
+        stats = engine.statistics("m")[0]
+        gpu = stats["gpu"]
+        assert stats["workers"] == gpu["instances"] == 2 and stats["requests"] == 40
+        assert gpu["batches"] == stats["batches"] >= 1 and gpu["failures"] == 0
+        assert gpu["copy_in_ns"] > 0 and gpu["compute_ns"] > 0 and gpu["copy_out_ns"] > 0
+        assert gpu["memory_bytes"] == 2 * (1024 + 2 * 2 * 8 * 4 * 4)  # weights + 2 sets x (in, out)
+        assert gpu["devices"]["0"]["instances"] == 2 and "nvml" not in gpu["devices"]["0"]
+        assert stats["infer_ns"] > 0 and stats["input_ns"] > 0  # the device's stages, as Triton's
+        # nothing allocated on the device or pinned per request, and no device-wide wait
+        assert {k: device.counts[k] for k in ("host_buffer", "device_buffer", "stream", "event")} == {
+            k: at_load[k] for k in ("host_buffer", "device_buffer", "stream", "event")
+        }
+        assert device.counts["synchronize"] == 0
+        assert [w["gpu"] for w in plan_json(engine)["models"]["m"]["workers"]] == [0, 0]
+        check_no_leaks(engine)
+
+
+def test_two_gpu_instances_of_one_model_run_batches_at_once(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    with Engine(repository(tmp_path, "[{kind: KIND_GPU, count: 2}]"), SETTINGS) as engine:
+        device.host_waiting.clear()  # set by the warm-ups
+        backend.rendezvous.armed = True
+
+        async def both() -> list[Any]:
+            one = asyncio.ensure_future(engine.infer_async("m", {"x": rows(1)}))
+            # once the worker holding the first batch waits for it, only the other instance can
+            # take the second: the first batch computes until the second one runs beside it
+            assert await asyncio.to_thread(device.host_waiting.wait, WAIT_GUARD_S)
+            two = asyncio.ensure_future(engine.infer_async("m", {"x": rows(1, 100)}))
+            return list(await asyncio.gather(one, two))
+
+        results = asyncio.run(both())
+        assert backend.rendezvous.met == [True]
+        np.testing.assert_array_equal(results[1].outputs["y"], rows(1, 100) * 2)
+
+
+def test_cpu_and_gpu_instances_of_one_model_serve_side_by_side(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    with Engine(repository(tmp_path, "[{kind: KIND_CPU, count: 1}, {kind: KIND_GPU}]"), SETTINGS) as engine:
+        for i in range(10):
+            np.testing.assert_array_equal(engine.infer("m", {"x": rows(2, i)}).outputs["y"], rows(2, i) * 2)
+        stats = engine.statistics("m")[0]
+        assert stats["workers"] == 2 and stats["gpu"]["instances"] == 1
+        assert sorted(w["gpu"] for w in plan_json(engine)["models"]["m"]["workers"]) == [-1, 0]
+
+
+def test_a_failing_batch_fails_alone_and_the_instance_keeps_serving(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    with Engine(repository(tmp_path, "[{kind: KIND_GPU}]"), SETTINGS) as engine:
+        bad = np.full((1, 4), -1, np.float32)
+        with pytest.raises(
+            EngineError, match=r"model 'm' on fake:0 failed: DeviceError: .*illegal instruction"
+        ):
+            engine.infer("m", {"x": bad})
+        np.testing.assert_array_equal(engine.infer("m", {"x": rows(3)}).outputs["y"], rows(3) * 2)
+        device.refuse_next_launch(MemoryError("CUDA out of memory"))  # refused when issued
+        with pytest.raises(EngineError, match="MemoryError: CUDA out of memory"):
+            engine.infer("m", {"x": rows(1)})
+        np.testing.assert_array_equal(engine.infer("m", {"x": rows(2)}).outputs["y"], rows(2) * 2)
+        stats = engine.statistics("m")[0]
+        assert stats["failures"] == 2 and stats["gpu"]["failures"] == 2 and stats["ready"]
+        check_no_leaks(engine)
+
+
+def test_gpu_instances_need_the_thread_pool(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    with pytest.raises(ValueError, match=r"KIND_GPU instances need the thread pool \(--mode thread\)"):
+        Engine(repository(tmp_path, "[{kind: KIND_GPU}]"), EngineConfig(worker_mode="process"))
+
+
+def test_a_backend_without_gpu_instances_is_named(tmp_path: Path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.py").write_text(
+        "class M:\n    def load(self):\n        pass\n\n    def infer(self, inputs):\n        return inputs\n"
+    )
+    (tmp_path / "m" / "config.yaml").write_text(
+        f"backend: python\nmax_batch_size: 8\ninstance_group: [{{kind: KIND_GPU}}]\n{IO}"
+    )
+    with pytest.raises(ConfigError, match="the python backend has no GPU instances"):
+        Engine(tmp_path, SETTINGS)
+
+
+def test_pytorch_gpu_instance_without_cuda_says_so(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: tests/gpu/test_cuda.py runs models on it")
+    # refused before the model file is read: its bytes do not matter
+    root = repository(tmp_path, "[{kind: KIND_GPU}]", "pytorch", "model.pt2")
+    with pytest.raises(
+        DeviceError, match=r"cuda:0: no CUDA device: torch .* torch.cuda.is_available\(\) False"
+    ):
+        Engine(root, SETTINGS)
+
+
+def test_onnx_gpu_instance_without_onnxruntime_gpu_names_it(tmp_path: Path) -> None:
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("onnxruntime-gpu is installed here")
+    import onnx
+    from onnx import TensorProto, helper
+
+    accelerator = "optimization: {execution_accelerators: {gpu_execution_accelerator: [{name: cuda}]}}\n"
+    root = repository(tmp_path, "[{kind: KIND_GPU}]", "onnxruntime", "model.onnx", accelerator)
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "same", io[:1], io[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, root / "m" / "1" / "model.onnx")
+    with pytest.raises(ConfigError) as caught:
+        Engine(root, SETTINGS)
+    assert caught.value.field == "optimization.execution_accelerators.gpu_execution_accelerator[0].name"
+    assert "install onnxruntime-gpu in its place" in caught.value.problem
