@@ -20,6 +20,7 @@ from lumenrt.engine.engine import Engine, EngineConfig
 from lumenrt.engine.gpu import devices
 from lumenrt.engine.gpu.device import DeviceError
 from lumenrt.engine.request import EngineError
+from lumenrt.ingress.service import InferenceService
 from tests.fake_device import WAIT_GUARD_S, FakeDevice
 
 SETTINGS = EngineConfig(queue_type="mpmc", thread_count=0)
@@ -200,6 +201,12 @@ def test_cpu_and_gpu_instances_of_one_model_serve_side_by_side(
         stats = engine.statistics("m")[0]
         assert stats["workers"] == 2 and stats["gpu"]["instances"] == 1
         assert sorted(w["gpu"] for w in plan_json(engine)["models"]["m"]["workers"]) == [-1, 0]
+        # the model config the front ends answer (Triton's form) lists both groups
+        groups = InferenceService(engine).model_config("m")["instance_group"]
+        assert [(g["kind"], g["count"], g["gpus"]) for g in groups] == [
+            ("KIND_CPU", 1, []),
+            ("KIND_GPU", 1, [0]),
+        ]
 
 
 def test_a_failing_batch_fails_alone_and_the_instance_keeps_serving(

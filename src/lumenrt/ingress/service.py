@@ -262,10 +262,7 @@ class InferenceService:
             "max_batch_size": cfg.max_batch_size,
             "input": tensors(cfg.inputs),
             "output": tensors(cfg.outputs),
-            "instance_group": [
-                {"name": cfg.name, "kind": "KIND_CPU", "count": workers, "gpus": [],
-                 "host_policy": ""}
-            ],
+            "instance_group": self._instance_groups(cfg, workers),
             "parameters": self._architecture(rt),
         }  # fmt: skip
         if cfg.response_cache:
@@ -281,6 +278,33 @@ class InferenceService:
                 },
             }
         return out
+
+    @staticmethod
+    def _instance_groups(cfg: Any, workers: int) -> list[dict[str, Any]]:
+        """Triton's instance_group list: the CPU instances (as many as run), then each KIND_GPU group."""
+        gpu_instances = len(cfg.gpu_devices)
+        groups: list[dict[str, Any]] = []
+        if cfg.instance_group is not None:
+            groups.append(
+                {
+                    "name": cfg.name,
+                    "kind": "KIND_CPU",
+                    "count": workers - gpu_instances,
+                    "gpus": [],
+                    "host_policy": cfg.instance_group.host_policy,
+                }
+            )
+        for i, group in enumerate(cfg.gpu_groups):
+            groups.append(
+                {
+                    "name": f"{cfg.name}_gpu{i}",
+                    "kind": "KIND_GPU",
+                    "count": group.count,
+                    "gpus": list(group.gpus),
+                    "host_policy": "",
+                }
+            )
+        return groups  # fmt: skip
 
     def _architecture(self, rt: Any) -> dict[str, dict[str, str]]:
         """The engine's architecture as Triton-style string parameters (``lumenrt_*``), so that a
