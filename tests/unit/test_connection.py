@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from lumenrt.ingress.connection import Connection, Listener, sweep_interval_s
+from lumenrt.ingress.connection import SWEEP_SLICE, Connection, Listener, sweep_interval_s
 from lumenrt.ingress.http_server import MAX_PIPELINED, HttpConnection, HttpServer
 from lumenrt.ingress.service import InferenceService, ServeLimits
 from lumenrt.ingress.tcp_server import LINGER_S, MAX_IN_FLIGHT, TcpConnection, TcpFrontEnd
@@ -315,3 +315,84 @@ def test_answers_that_come_back_inside_submit_cost_no_stack_depth(rig: Rig) -> N
     rig.transport.client_reads()
     assert rig.answers() == [(200, "")] * n
     assert rig.engine.started == rig.engine.finished == n
+
+
+def test_a_quiet_connection_is_checked_in_full_once_it_receives_again(rig: Rig) -> None:
+    rig.transport.high = 1 << 20
+    rig.feed(rig.request(1))
+    rig.sweep_after(0)  # sees what was received
+    rig.sweep_after(1)  # nothing since: quiet
+    assert rig.conn.quiet and not rig.transport.closing
+    rig.feed(rig.request(2)[:30])  # a request begins: the receive clock must run again
+    rig.sweep_after(0)
+    assert not rig.conn.quiet
+    rig.sweep_after(RECV)
+    assert rig.conn.closing
+    rig.transport.client_reads()
+    assert [status for status, _ in rig.answers()] == [200, 408]
+
+
+def test_an_idle_tcp_connection_gives_its_receive_buffer_back() -> None:
+    """TCP only: a request split over two reads leaves the connection its own receive buffer
+    (tcp_receiver.py); once a sweep finds it idle since the sweep before, that buffer goes back."""
+    loop = asyncio.new_event_loop()
+    try:
+        clock = FakeClock()
+        front = TcpFrontEnd(InferenceService(FakeEngine(), LIMITS), loop)  # type: ignore[arg-type]
+        front.clock = clock
+        conn = TcpConnection(front)
+        transport = MockTransport(loop, high=1 << 20)
+        transport.attach(conn)
+        frame = tcp_request(1)
+        deliver_on(loop, conn, frame[:30])
+        assert conn.decoder.own_buffer_bytes > 0  # the start of a frame, kept
+        deliver_on(loop, conn, frame[30:])
+        front.sweep(clock.now)  # busy at this sweep: kept for the next reads
+        assert conn.decoder.own_buffer_bytes > 0
+        clock.now += 1
+        front.sweep(clock.now)  # nothing since the sweep before
+        assert conn.decoder.own_buffer_bytes == 0 and not transport.closing
+        loop.run_until_complete(front.close())
+    finally:
+        loop.close()
+
+
+class CountingConnection:
+    """A stand-in that records the sweeps that check it."""
+
+    def __init__(self, seen: list[tuple[int, int]], index: int, sleeps: list[float]) -> None:
+        self.seen, self.index, self.sleeps = seen, index, sleeps
+
+    def check_timeouts(self, now: float) -> None:
+        self.seen.append((len(self.sleeps), self.index))
+
+
+def test_a_pass_over_many_connections_is_spread_over_the_interval_in_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant 5: each connection checked once a pass, at most SWEEP_SLICE between two waits,
+    the waits adding up to one interval."""
+    front: Listener[Any] = Listener(LIMITS)
+    seen: list[tuple[int, int]] = []
+    sleeps: list[float] = []
+    n = 2 * SWEEP_SLICE + 10
+    front.connections = {CountingConnection(seen, i, sleeps) for i in range(n)}  # type: ignore[assignment]
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+        if len(sleeps) > 3:  # one pass: three slices
+            raise asyncio.CancelledError
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            loop.run_until_complete(front._sweep_forever())
+    finally:
+        loop.close()
+    assert sorted(i for _, i in seen) == list(range(n))  # each once
+    per_wait = [sum(1 for w, _ in seen if w == k) for k in (1, 2, 3)]
+    assert per_wait == [SWEEP_SLICE, SWEEP_SLICE, 10]
+    assert sleeps[:3] == [front.sweep_interval_s / 3] * 3

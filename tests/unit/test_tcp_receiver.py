@@ -3,7 +3,9 @@ FrameReceiver (the server's: the transport reads into its buffer, ``get_buffer``
 ``buffer_updated``). Same frames for any chunking, pause/resume, errors; plus what only the
 receiver does: frames valid during the call only, big frames in a buffer of their exact size or
 received into lent memory (``payload_into``, the "lent" kind runs the shared bodies that way), no
-buffer for a size refused by the header."""
+buffer for a size refused by the header, and a read buffer shared between receivers (the "shared"
+kind runs the shared bodies with another connection's read landing in it after every read) that
+leaves an idle receiver holding no buffer of its own."""
 
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 
 from lumenrt.protocols import tcp as tp
 from lumenrt.protocols.tcp import Frame, FrameDecoder, ProtocolError
-from lumenrt.protocols.tcp_receiver import BUFFER_BYTES, FrameReceiver
+from lumenrt.protocols.tcp_receiver import BUFFER_BYTES, FrameReceiver, ReadBuffer
 
 
 def snapshot(frame: Frame) -> Frame:
@@ -38,7 +40,8 @@ class Loan:
 
 class Reader:
     """``feed``/``pause``/``resume`` over either implementation; ``got``: snapshots of the frames;
-    kind "lent": the receiver with every big request's payload lent (``loans``)."""
+    kind "lent": the receiver with every big request's payload lent (``loans``); kind "shared":
+    the receiver reading into a shared buffer, which a neighbour overwrites after every read."""
 
     def __init__(self, kind: str, on_frame: Callable[[Frame], None] | None = None, **limits: int) -> None:
         self.got: list[Frame] = []
@@ -53,10 +56,16 @@ class Reader:
             self.loans.append(Loan(meta, nbytes))
             return self.loans[-1]
 
+        self.shared = ReadBuffer() if kind == "shared" else None
         self.impl: Any = (
             FrameDecoder(take, **limits)
             if kind == "decoder"
-            else FrameReceiver(take, payload_into=lend if kind == "lent" else None, **limits)  # type: ignore[arg-type]
+            else FrameReceiver(
+                take,
+                payload_into=lend if kind == "lent" else None,  # type: ignore[arg-type]
+                shared=self.shared,
+                **limits,
+            )
         )
         self.kind = kind
 
@@ -69,13 +78,17 @@ class Reader:
             buf = self.impl.get_buffer(len(view))
             n = min(len(buf), len(view))
             buf[:n] = view[:n]
-            self.impl.buffer_updated(n)
+            try:
+                self.impl.buffer_updated(n)
+            finally:
+                if self.shared is not None:  # another connection's read lands in it next
+                    self.shared.buf[: min(n, BUFFER_BYTES)] = b"\xee" * min(n, BUFFER_BYTES)
             view = view[n:]
             if not view:
                 return
 
 
-@pytest.fixture(params=["decoder", "receiver", "lent"])
+@pytest.fixture(params=["decoder", "receiver", "lent", "shared"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -302,3 +315,32 @@ def test_a_payload_nobody_lends_gets_the_receivers_own_buffer() -> None:
     frame = big_request(4)
     write(receiver, frame, piece=7000)
     assert got == [bytes(frame[-3 * BUFFER_BYTES :])]
+
+
+def test_frames_that_arrive_whole_leave_the_receiver_no_buffer_of_its_own() -> None:
+    got: list[int] = []
+    receiver = FrameReceiver(lambda f: got.append(f.request_id), shared=ReadBuffer())
+    assert receiver.own_buffer_bytes == 0  # an idle connection holds none
+    write(receiver, request_frame(1, 64) + request_frame(2, 400))
+    write(receiver, request_frame(3, 8))
+    assert got == [1, 2, 3] and receiver.own_buffer_bytes == 0
+
+
+def test_a_partial_frame_moves_to_its_own_buffer_and_trim_gives_that_back_once_idle() -> None:
+    shared = ReadBuffer()
+    got: list[tuple[int, bytes]] = []
+    one = FrameReceiver(lambda f: got.append((f.request_id, bytes(f.payload))), shared=shared)
+    other = FrameReceiver(lambda f: got.append((f.request_id, bytes(f.payload))), shared=shared)
+    frame = request_frame(1, 4000)
+    write(one, frame[:1000])
+    assert one.own_buffer_bytes == BUFFER_BYTES and one.buffered_bytes == 1000
+    one.trim()  # mid-frame: kept
+    assert one.own_buffer_bytes == BUFFER_BYTES
+    write(other, request_frame(2, 4000))  # the neighbour's read overwrites the shared buffer
+    write(one, frame[1000:])
+    assert got == [(2, bytes(request_frame(2, 4000)[-4000:])), (1, frame[-4000:])]
+    assert one.own_buffer_bytes == BUFFER_BYTES  # busy: kept for the next reads
+    one.trim()
+    assert one.own_buffer_bytes == 0 and other.own_buffer_bytes == 0
+    write(one, request_frame(3, 64))
+    assert [rid for rid, _ in got] == [2, 1, 3] and one.own_buffer_bytes == 0

@@ -126,7 +126,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repository",
         type=Path,
         help="model repository folder (<repo>/<model>/config.yaml + <repo>/<model>/<version>/...); "
-        "default: the built-in models (squeezenet, digits_mlp, tabular_xgb), built on first use",
+        "default: the built-in models (squeezenet, digits_mlp, tabular_xgb), built on first use; their INT8 "
+        "variants (digits_mlp_int8, squeezenet_int8) only when named in --models (built on first use too)",
     )
     what.add_argument(
         "--model-dir",
@@ -392,7 +393,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         say(f"lumenrt serve: {exc}", error=True)
         return 2
-    _raise_fd_limit(limits)
     if args.no_metrics and args.metrics_port is not None:
         say("lumenrt serve: --metrics-port and --no-metrics contradict each other: give one", error=True)
         return 2
@@ -413,6 +413,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         if access is not None:
             access.close()
         return 2
+    _raise_fd_limit(limits)  # the flags are good: the server starts
     from lumenrt.ingress.app import new_event_loop
 
     loop = new_event_loop()

@@ -22,8 +22,10 @@ Invariants (flow control, timeouts, the sweeper and the shutdown order:
     delivered before it, so ``buffer_updated`` reads no clock for the receive timeout.
   - Everything here runs on the one event loop; the service is never called from another thread.
 
-Buffers: the connection's receiver (``lumenrt.protocols.tcp_receiver``) owns the buffer the kernel
-reads into; a request's input arrays are read-only views of it, valid while ``_on_frame`` runs:
+Buffers: the kernel reads into the front end's read buffer, shared by its connections, or into the
+connection's own while it holds part of a frame (``lumenrt.protocols.tcp_receiver``; the sweeper
+gives an idle connection's own buffer back, ``_release_idle``, so an idle connection holds none);
+a request's input arrays are read-only views of it, valid while ``_on_frame`` runs:
 the lane runs the model on them before it returns, and ``service.submit`` copies them into an
 arena slot before it returns. A frame larger than that buffer, for a model with an arena, is
 received into a slot the model lends (``_payload_into``, lent_slot.py): admission then finds the
@@ -68,7 +70,7 @@ from lumenrt.protocols.tcp import (
     encode_auth_ok,
     encode_error,
 )
-from lumenrt.protocols.tcp_receiver import FrameReceiver
+from lumenrt.protocols.tcp_receiver import FrameReceiver, ReadBuffer
 from lumenrt.protocols.tensors import check_shape
 
 MAX_IN_FLIGHT = 256  # requests served at once per connection before reading pauses (guessed)
@@ -76,6 +78,7 @@ RESUME_IN_FLIGHT = MAX_IN_FLIGHT // 2
 LINGER_S = 1.0  # after a fatal error: how long unread input is discarded before closing (guessed)
 PLAN_CACHE_ENTRIES = 4096  # decoded request metadata kept per front end ...
 PLAN_CACHE_MAX_BYTES = 512  # ... only for blocks this small: at most 2 MiB of keys
+DISCARD_BYTES = 4096  # a draining connection's reads, into one buffer per front end (guessed)
 
 
 @dataclass(slots=True)
@@ -149,8 +152,8 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             max_meta_bytes=limits.max_header_bytes,
             payload_into=self._payload_into,
             on_revoked=self._revoked,
+            shared=front.read_buffer,
         )
-        self._discard = memoryview(bytearray(4096))  # what a draining connection reads into
         self.in_flight = 0
         self.pending: set[_Request] = set()  # with the workers: cancelled if the client goes
         self.draining = False  # after a fatal error: input discarded until close (implies closing)
@@ -166,7 +169,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.draining:
-            return self._discard
+            return self.front.discard
         return self.decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -428,6 +431,9 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
             )
         )
 
+    def _release_idle(self) -> None:
+        self.decoder.trim()
+
     def _hold_input(self) -> None:
         self.decoder.pause()
 
@@ -437,15 +443,13 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self._fatal(exc)
 
-    def check_timeouts(self, now: float) -> None:
-        """Lingering after a fatal error comes first; then the shared checks (the flush of a
-        closed connection included)."""
-        transport = self.transport
-        if self.draining and transport is not None and not transport.is_closing():
+    def _check_closing(self, now: float, transport: asyncio.Transport) -> None:
+        """Lingering after a fatal error comes first; then the flush of a closed connection."""
+        if self.draining and not transport.is_closing():
             if now - self.draining_since >= LINGER_S:
                 self._close_transport()
             return
-        super().check_timeouts(now)
+        super()._check_closing(now, transport)
 
 
 class TcpFrontEnd(Listener[TcpConnection]):
@@ -458,6 +462,9 @@ class TcpFrontEnd(Listener[TcpConnection]):
         self.loop = loop
         self._plans: dict[bytes, _Plan] = {}
         self.responses = ResponseEncoder()
+        # owned by the front end, lent to one connection's read at a time (tcp_receiver.py)
+        self.read_buffer = ReadBuffer()
+        self.discard = memoryview(bytearray(DISCARD_BYTES))  # read into and never looked at
 
     def _connection(self) -> TcpConnection:
         return TcpConnection(self)

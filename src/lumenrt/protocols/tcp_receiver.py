@@ -8,13 +8,23 @@ by the kernel into this buffer; arrays over the payload are views of it; the eng
 once more into an arena slot when a request is queued (the lane reads them in place), unless the
 payload was received into that slot in the first place (``payload_into``, below).
 
-Buffers (owned by the receiver, reused for the connection's life)
-  - ``_buf``: ``buffer_bytes`` (64 KiB) holding whole small frames and the start of the next one.
-    Delivered frames are dropped by moving the undelivered tail to the front, only when the free
-    end is too small for the next read.
-  - ``_big``: a frame larger than ``_buf``, allocated at its exact size once its header passed the
-    limits (``max_frame_bytes``), filled by the transport directly, dropped once delivered.
-  - ``_lent``: for a request frame larger than ``_buf`` whose metadata is in, the memory
+Buffers
+  - ``shared`` (a ``ReadBuffer``, optional): owned by the server's front end, shared by the receivers
+    of its event loop, which read into it while they hold nothing (no frame partly received, none
+    held while paused). The frames a read completes are delivered from it at once; what is left
+    (the start of the next frame, or frames held by a pause) is copied into the receiver's own
+    buffer. So an idle connection holds no receive buffer, and a connection whose reads end on
+    frame boundaries never makes one. Sound because the transport fills it (``get_buffer``) and
+    hands it back (``buffer_updated``) in one call from the loop, with no other read between.
+  - ``_own``: the receiver's own ``buffer_bytes`` (64 KiB), made by the first read that leaves
+    bytes behind (at once without ``shared``), holding whole small frames and the start of the next
+    one; reused while the connection is busy, given back by ``trim()`` when it is idle (the
+    server's sweeper calls it). Delivered frames are dropped by moving the undelivered tail to the
+    front, only when the free end is too small for the next read.
+  - ``_big``: a frame larger than those (``buffer_bytes``), allocated at its exact size once its
+    header passed the limits (``max_frame_bytes``), filled by the transport directly, dropped once
+    delivered.
+  - ``_lent``: for a request frame larger than ``buffer_bytes`` whose metadata is in, the memory
     ``payload_into(meta, payload_bytes)`` lends, if it lends any (the server lends the model's
     arena slot, ingress/lent_slot.py): the transport reads the payload straight into it, and no
     ``_big`` is made. While ``on_frame`` runs for that frame, ``lent`` is the loan, for the
@@ -23,16 +33,20 @@ Buffers (owned by the receiver, reused for the connection's life)
 
 Invariants
   1. A frame handed to ``on_frame`` is valid only during that call: its ``data`` is a read-only
-     view of a buffer that is reused afterwards. The callee copies what it keeps (the server's
-     front end queues a copy or runs the model before it returns; ``meta`` is always a copy).
+     view of a buffer that is reused afterwards (by another connection's read, when shared). The
+     callee copies what it keeps (the server's front end queues a copy or runs the model before it
+     returns; ``meta`` is always a copy).
   2. Nothing is allocated for a size the peer claims before the header carrying it passed the
-     limits (``read_header``); ``_buf`` grows only while delivery is paused, by what the
+     limits (``read_header``); ``_own`` grows only while delivery is paused, by what the
      transport actually read (it stops reading once paused).
   3. Frames are delivered in order, exactly once; a fatal ProtocolError is raised once framing
      breaks (after the frames before it) and again by every later ``buffer_updated``.
   4. A loan is released exactly once (above). If its memory is revoked while the payload arrives
      (the model closed: slicing it raises ValueError), the rest of the payload is read into
-     ``_buf`` and dropped, and ``on_revoked(request_id)`` is called in the frame's place.
+     the small buffer and dropped, and ``on_revoked(request_id)`` is called in the frame's place.
+  5. The shared buffer holds a receiver's bytes only from its ``get_buffer`` to the end of its
+     ``buffer_updated`` (a raising callee included): then what is undelivered is in ``_own``.
+     A receiver with an own buffer reads into it, never into the shared one.
 """
 
 from collections.abc import Callable
@@ -56,6 +70,17 @@ class Loan(Protocol):
 PayloadInto = Callable[[bytes, int], Loan | None]  # (metadata, payload bytes) -> where, or None
 
 
+class ReadBuffer:
+    """A receive buffer and its views: ``view`` for the transport to write, ``ro`` for frames."""
+
+    __slots__ = ("buf", "ro", "view")
+
+    def __init__(self, nbytes: int = BUFFER_BYTES) -> None:
+        self.buf = bytearray(nbytes)
+        self.view = memoryview(self.buf)
+        self.ro = self.view.toreadonly()  # what frames get (invariant 1)
+
+
 class FrameReceiver:
     """See the top. ``pause()``/``resume()`` and ``frames``/``buffered_bytes`` as FrameDecoder."""
 
@@ -63,15 +88,16 @@ class FrameReceiver:
         "_big",
         "_big_have",
         "_big_head",
-        "_buf",
+        "_cur",
         "_end",
         "_error",
         "_lent",
         "_lent_meta",
         "_lost",
-        "_ro",
+        "_own",
+        "_shared",
+        "_size",
         "_start",
-        "_view",
         "frames",
         "lent",
         "max_frame_bytes",
@@ -91,6 +117,7 @@ class FrameReceiver:
         buffer_bytes: int = BUFFER_BYTES,
         payload_into: PayloadInto | None = None,
         on_revoked: Callable[[int], None] | None = None,
+        shared: ReadBuffer | None = None,
     ) -> None:
         self.on_frame = on_frame
         self.payload_into = payload_into
@@ -99,12 +126,13 @@ class FrameReceiver:
         self.max_meta_bytes = max_meta_bytes
         self.frames = 0
         self.paused = False
-        self._buf = bytearray(max(buffer_bytes, HEADER_BYTES + MIN_READ_BYTES))
-        self._view = memoryview(self._buf)
-        self._ro = self._view.toreadonly()  # what frames get (invariant 1)
-        self._start = 0  # first byte not yet delivered
-        self._end = 0  # end of the bytes received
-        self._big: bytearray | None = None  # a frame larger than _buf, being received
+        self._size = max(buffer_bytes, HEADER_BYTES + MIN_READ_BYTES)
+        self._shared = shared  # the front end's, read into while this receiver holds nothing (top)
+        self._cur = shared or ReadBuffer(self._size)  # where bytes land: ``_own`` whenever there is one
+        self._own = None if shared is not None else self._cur  # made when needed (top)
+        self._start = 0  # first byte of ``_cur`` not yet delivered
+        self._end = 0  # end of the bytes received into ``_cur``
+        self._big: bytearray | None = None  # a frame larger than buffer_bytes, being received
         self._big_have = 0
         self._big_head: Header = (0, 0, 0, 0, 0, 0)  # its header, read when it started
         self._error: ProtocolError | None = None
@@ -112,6 +140,11 @@ class FrameReceiver:
         self._lent_meta = b""  # that frame's metadata
         self._lost = False  # the loan was revoked: the rest of its payload is dropped
         self.lent: Loan | None = None  # the loan of the frame ``on_frame`` is given, during the call
+
+    @property
+    def own_buffer_bytes(self) -> int:
+        """The size of the receiver's own small buffer; 0 while it has none (top)."""
+        return 0 if self._own is None else len(self._own.buf)
 
     @property
     def buffered_bytes(self) -> int:
@@ -123,7 +156,7 @@ class FrameReceiver:
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next read lands: the rest of a big frame or of a lent payload, or the free
-        end of ``_buf``."""
+        end of the own buffer, else the shared one."""
         lent = self._lent
         if lent is not None:
             if not self._lost:
@@ -131,14 +164,20 @@ class FrameReceiver:
                     return lent.payload[self._big_have :]
                 except ValueError:  # revoked (invariant 4)
                     self._lost = True
-            rest = self._big_head[4] - self._big_have
-            return self._view[: min(rest, len(self._view))]
+            rest = self._big_head[4] - self._big_have  # read, to be dropped
+            return self._cur.view[: min(rest, len(self._cur.view))]
         big = self._big
         if big is not None:
             return memoryview(big)[self._big_have :]
-        if len(self._buf) - self._end < MIN_READ_BYTES and (self._start or self._end == len(self._buf)):
+        own = self._own
+        if own is None:  # holding nothing: the shared buffer, from its start
+            shared = self._shared
+            assert shared is not None
+            self._cur, self._start, self._end = shared, 0, 0
+            return shared.view
+        if len(own.buf) - self._end < MIN_READ_BYTES and (self._start or self._end == len(own.buf)):
             self._make_room()
-        return self._view[self._end :]
+        return self._cur.view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._error is not None:
@@ -154,8 +193,12 @@ class FrameReceiver:
                 self._deliver_big()
             return
         self._end += nbytes
-        if not self.paused:
-            self._run()
+        try:
+            if not self.paused:
+                self._run()
+        finally:  # also when a callee raised: the frames after its frame are kept
+            if self._cur is self._shared:
+                self._keep()
 
     # ---- delivery -------------------------------------------------------------------------------
 
@@ -178,7 +221,7 @@ class FrameReceiver:
         self._run()
 
     def _run(self) -> None:
-        buf, pos, end = self._buf, self._start, self._end
+        buf, pos, end = self._cur.buf, self._start, self._end
         while end - pos >= HEADER_BYTES:
             try:
                 head = read_header(buf, pos, self.max_meta_bytes, self.max_frame_bytes)
@@ -197,7 +240,7 @@ class FrameReceiver:
                     return
                 break
             self._start = pos + need  # before the call: a raising callee keeps the frames after it
-            self._deliver(self._ro, pos, head)
+            self._deliver(self._cur.ro, pos, head)
             pos += need
             if self.paused:
                 return
@@ -225,7 +268,7 @@ class FrameReceiver:
     def _start_big(self, pos: int, end: int, need: int, head: Header) -> None:
         big = bytearray(need)  # its header passed the limits (invariant 2)
         have = end - pos
-        big[:have] = self._view[pos:end]
+        big[:have] = self._cur.view[pos:end]
         self._big, self._big_have, self._big_head = big, have, head
         self._start = self._end = 0
 
@@ -234,12 +277,12 @@ class FrameReceiver:
         lends any for its metadata; the payload bytes already read are copied there."""
         assert self.payload_into is not None
         at = pos + HEADER_BYTES + head[3]
-        meta = bytes(self._view[pos + HEADER_BYTES : at])
+        meta = bytes(self._cur.view[pos + HEADER_BYTES : at])
         lent = self.payload_into(meta, head[4])
         if lent is None:
             return False
         have = end - at
-        lent.payload[:have] = self._view[at:end]
+        lent.payload[:have] = self._cur.view[at:end]
         self._lent, self._lent_meta, self._lost = lent, meta, False
         self._big_head, self._big_have = head, have
         self._start = self._end = 0
@@ -281,18 +324,43 @@ class FrameReceiver:
         self._deliver(memoryview(big).toreadonly(), 0, self._big_head)
 
     def _make_room(self) -> None:
-        """Move the undelivered tail to the front (a copy of at most one partial frame, or of the
-        frames held while paused); with the buffer still full (held frames), double it: reading
-        is paused by then, so it grows by what reads already under way bring (invariant 2)."""
+        """Move the undelivered tail of the own buffer to its front (a copy of at most one partial
+        frame, or of the frames held while paused); with the buffer still full (held frames),
+        double it: reading is paused by then, so it grows by what reads already under way bring
+        (invariant 2)."""
+        own = self._own
+        assert own is not None and self._cur is own
         start, end = self._start, self._end
         if start:
-            self._buf[: end - start] = bytes(self._view[start:end])  # not overlapping: a copy first
+            own.buf[: end - start] = bytes(own.view[start:end])  # not overlapping: a copy first
             self._start, self._end = 0, end - start
-        if self._end == len(self._buf):
-            grown = bytearray(2 * len(self._buf))
-            grown[: self._end] = self._view[: self._end]
-            self._buf, self._view = grown, memoryview(grown)
-            self._ro = self._view.toreadonly()
+        if self._end == len(own.buf):
+            grown = ReadBuffer(2 * len(own.buf))
+            grown.buf[: self._end] = own.view[: self._end]
+            self._own = self._cur = grown
+
+    def _keep(self) -> None:
+        """After a read into the shared buffer: what it left (the start of a frame, frames held by
+        a pause) moves to the own buffer, made now; the shared one is free for the next read."""
+        start, end = self._start, self._end
+        self._start = self._end = 0
+        if start == end:
+            return
+        own = ReadBuffer(max(self._size, end - start))
+        own.buf[: end - start] = self._cur.view[start:end]
+        self._own = self._cur = own
+        self._end = end - start
+
+    def trim(self) -> None:
+        """Give the own buffer back while it holds nothing (an idle connection): the next read
+        lands in the shared one. Does nothing without a shared buffer, or with a frame partly
+        received or held."""
+        shared = self._shared
+        if shared is None or self._own is None or self._start != self._end:
+            return
+        if self._big is not None or self._lent is not None:
+            return
+        self._own, self._cur, self._start, self._end = None, shared, 0, 0
 
     def _fail(self, err: ProtocolError) -> NoReturn:
         self._error = err
