@@ -246,7 +246,9 @@ class Harness:
         self.loop = asyncio.new_event_loop()
         self.gates: dict[str, asyncio.Event] = {}
         self.limits = limits or ServeLimits(receive_timeout_s=5.0, idle_timeout_s=10.0)
-        service = cast(InferenceService, SimpleNamespace(limits=self.limits, limiter=None, gate=None))
+        service = cast(
+            InferenceService, SimpleNamespace(limits=self.limits, limiter=None, gate=None, shared_memory=None)
+        )
         monkeypatch.setattr(http_server, "route", self._route)
 
         async def make() -> HttpConnection:

@@ -76,6 +76,8 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "api_key_header": ("admin-key", "admin-key"),
     "rate_limit": (50, 50.0),
     "max_connections_per_client": (16, 16),
+    "allow_client_shm": (True, True),
+    "max_shm_regions_per_client": (8, 8),
     "tls_cert": ("server.crt", "RELATIVE:server.crt"),
     "tls_key": ("server.key", "RELATIVE:server.key"),
     "tls_client_ca": ("ca.crt", "RELATIVE:ca.crt"),
