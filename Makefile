@@ -16,7 +16,7 @@ BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.
 E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
             'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
 
-.PHONY: all install serve demo test check test-native test-sanitize lint typecheck test-python test-unit test-servers bench bench-serve bench-matrix bench-peers bench-latency bench-security bench-http-body dashboard report triton-peer clean
+.PHONY: all install serve demo test check gpu-check test-native test-sanitize lint typecheck test-python test-unit test-servers bench bench-serve bench-matrix bench-peers bench-latency bench-security bench-http-body bench-connections bench-shared-memory dashboard report triton-peer clean
 
 all: install
 
@@ -26,7 +26,7 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(BUILD_DEPS)
-	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch,dashboard,trace]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,dev,bench,torch,gpu,dashboard,trace]'
 	$(BIN)/pip install -q --no-deps tritonclient==2.51.0
 	$(BIN)/pip install -q $(E2E_DEPS)
 	@ldconfig -p | grep -q libb64.so.0d || (apt-get install -y -q libb64-0d >/dev/null 2>&1 || \
@@ -98,6 +98,11 @@ test-unit:
 test-servers:
 	$(BIN)/pytest tests --ignore=tests/unit
 
+# Issue 17's GPU run on a machine with a CUDA device: tests/gpu and benchmarks/gpu.py --quick,
+# results under $OUT (default results/gpu-check); exits 2 saying why on a machine without CUDA
+gpu-check:
+	bash benchmarks/gpu_check.sh
+
 # the queue benchmark: native rings vs queue.Queue, multiprocessing.Queue, faster-fifo, pyzmq (~80 s)
 bench: install
 	$(BIN)/python benchmarks/queues.py $(ARGS)
@@ -135,6 +140,16 @@ bench-security: install
 #   make bench-http-body ARGS="--baseline-python /path/to/venv/bin/python"
 bench-http-body: install
 	$(BIN)/python benchmarks/http_body.py $(ARGS)
+
+# connection density: 10,000 idle HTTP + TCP connections beside a load, and io_uring against uvloop
+# (~4.5 min; the io_uring part needs liburing-dev)
+bench-connections: install
+	$(BIN)/python benchmarks/connections.py $(ARGS)
+
+# system shared memory against tensor bytes in the request: SqueezeNet c1, HTTP and gRPC, and
+# perf_analyzer --shared-memory system (~2 min)
+bench-shared-memory: install
+	$(BIN)/python benchmarks/shared_memory.py $(ARGS)
 
 # the Streamlit dashboard over results/ (http://127.0.0.1:8501), and the same plots as one HTML file
 dashboard: install
