@@ -59,7 +59,14 @@ from lumenrt.bench.serve_process import ServeProcess, start_serve
 from lumenrt.client.http import encode_infer
 from lumenrt.client.tcp import TcpClient
 from lumenrt.models.builtin import builtin_examples, ensure_builtin_repository
-from roundtrip import _Child, _echo_server_main, _measure_echo, frame_sizes, stats  # beside this file
+from roundtrip import (
+    _Child,
+    _echo_server_main,
+    _measure_echo,
+    frame_sizes,
+    markdown_table,
+    stats,
+)  # beside this file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -443,18 +450,11 @@ def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
                 row["p99/p50"] = round(row["p99_us"] / row["p50_us"], 2) if row["p50_us"] else None
                 rows[f"{proto} c{c}"] = row
     cols = ("throughput_per_s", "x raw", "p50_us", "p99_us", "p99/p50", "rounds_throughput_per_s")
-    print(_table("SqueezeNet batch 1 (closed loop)", rows, cols))
+    print(markdown_table("SqueezeNet batch 1 (closed loop)", rows, cols))
     return rows
 
 
 # ---- the run ------------------------------------------------------------------------------------
-
-
-def _table(title: str, rows: dict[str, dict[str, Any]], cols: tuple[str, ...]) -> str:
-    lines = [f"\n{title}", "| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, r in rows.items():
-        lines.append(f"| {name} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -539,7 +539,9 @@ def main(argv: list[str] | None = None) -> int:
                 close()
             result["round_trips"] = rtt
             print(
-                _table("c1 round trips (us; medians of rounds)", rtt, ("p50_us", "p99_us", "rounds_p50_us"))
+                markdown_table(
+                    "c1 round trips (us; medians of rounds)", rtt, ("p50_us", "p99_us", "rounds_p50_us")
+                )
             )
             ratios = {}
             if "FastAPI inline (1 worker)" in rtt:
@@ -574,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 "compute_us",
                 "return_us",
             )
-            print(_table("stages of one TCP request (medians, us)", st, cols))
+            print(markdown_table("stages of one TCP request (medians, us)", st, cols))
         if "load" not in skip:
             tput: dict[str, dict[str, Any]] = {}
             for label, s in running.items():  # each through its own install's load generator
@@ -601,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       "--input-file", str(raw))  # fmt: skip
     if "load" not in skip:
         print(
-            _table(
+            markdown_table(
                 "throughput (closed loop; medians of runs)",
                 tput,
                 ("throughput_per_s", "p50_us", "p99_us", "errors", "rounds_throughput_per_s"),
@@ -625,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         result["allocations_per_request"] = allocs
         cols = ("tcp", "http", "model call", "tcp - model call", "http - model call")
         print(
-            _table(
+            markdown_table(
                 "heap allocations per request (server process; model call: bare session.run)", allocs, cols
             )
         )

@@ -35,6 +35,14 @@ from lumenrt.protocols.tcp import HEADER_BYTES, encode_request, encode_response
 START_TIMEOUT_S = 60.0  # the echo server process reports its port within this
 
 
+def markdown_table(title: str, rows: dict[str, dict[str, Any]], cols: tuple[str, ...]) -> str:
+    """``rows`` (name -> figures) as a titled Markdown table of the ``cols`` figures."""
+    lines = [f"\n{title}", "| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
 def stats(latencies_ns: Sequence[int]) -> dict[str, float]:
     """p50/p90/p99/mean in microseconds, and the count."""
     a = np.asarray(latencies_ns, dtype=np.float64) / 1000.0

@@ -39,7 +39,7 @@ from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.bench.serve_process import start_serve
 from lumenrt.client.http import encode_infer
 from lumenrt.models.builtin import builtin_examples
-from roundtrip import stats  # beside this file
+from roundtrip import markdown_table, stats  # beside this file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -128,6 +128,23 @@ def _fill(region: Region, inputs: dict[str, Any]) -> None:
         offset += raw.size
 
 
+def _through_regions(
+    send: One, regions: tuple[Region, Region], inputs: dict[str, Any], size: int, fill: bool
+) -> One:
+    """One request whose tensors lie in ``regions``: the input written first (``fill``; else once,
+    now), the answer's output copied out after."""
+    into, out = regions
+
+    def one() -> None:
+        if fill:
+            _fill(into, inputs)
+        send()
+        out.array[:size].copy()  # the client reads its answer
+
+    _fill(into, inputs)
+    return one
+
+
 def http_shm(
     port: int,
     model: str,
@@ -136,21 +153,13 @@ def http_shm(
     regions: tuple[Region, Region],
     fill: bool,
 ) -> tuple[One, Callable[[], None]]:
-    into, out = regions
     conn = _connect(port)
     body = json.dumps(_shm_doc(inputs, output)).encode()
     path = f"/v2/models/{model}/infer"
     headers = {"Content-Type": "application/json"}
     size = output[1]
 
-    def one() -> None:
-        if fill:
-            _fill(into, inputs)
-        _post(conn, path, body, headers)
-        out.array[:size].copy()  # the client reads its answer
-
-    _fill(into, inputs)
-    return one, conn.close
+    return _through_regions(lambda: _post(conn, path, body, headers), regions, inputs, size, fill), conn.close
 
 
 def _grpc_call(port: int) -> tuple[Any, Any, Any]:
@@ -183,7 +192,6 @@ def grpc_shm(
     regions: tuple[Region, Region],
     fill: bool,
 ) -> tuple[One, Callable[[], None]]:
-    into, out = regions
     pb, channel, call = _grpc_call(port)
     request = pb.ModelInferRequest(model_name=model)
     doc = _shm_doc(inputs, output)
@@ -198,14 +206,7 @@ def grpc_shm(
     wanted.parameters["shared_memory_byte_size"].int64_param = output[1]
     size = output[1]
 
-    def one() -> None:
-        if fill:
-            _fill(into, inputs)
-        call(request, timeout=30)
-        out.array[:size].copy()
-
-    _fill(into, inputs)
-    return one, channel.close
+    return _through_regions(lambda: call(request, timeout=30), regions, inputs, size, fill), channel.close
 
 
 def round_trips(rows: dict[str, One], n: int, repeats: int) -> dict[str, dict[str, Any]]:
@@ -259,13 +260,6 @@ def perf_analyzer_rows(model: str, http_url: str, grpc_url: str, output_bytes: i
                 k: got[k] for k in ("p50_us", "p99_us", "throughput_infer_per_s")
             }
     return rows
-
-
-def _table(title: str, rows: dict[str, dict[str, Any]], cols: tuple[str, ...]) -> str:
-    lines = [f"\n{title}", "| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, r in rows.items():
-        lines.append(f"| {name} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,9 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in (a, f"{a}, input in place"):
             trips[row]["p50 vs " + b] = round(trips[row]["p50_us"] / trips[b]["p50_us"], 3)
     print(f"{args.model}, batch 1, concurrency 1; input {in_bytes} bytes")
-    print(_table("Round trips (µs; medians of the rounds)", trips, ("p50_us", "p99_us", "mean_us", "p50 vs HTTP binary", "p50 vs gRPC raw", "rounds_p50_us")))  # fmt: skip
+    print(markdown_table("Round trips (µs; medians of the rounds)", trips, ("p50_us", "p99_us", "mean_us", "p50 vs HTTP binary", "p50 vs gRPC raw", "rounds_p50_us")))  # fmt: skip
     if pa:
-        print(_table("perf_analyzer, concurrency 1 (its client-side figures)", pa, ("p50_us", "p99_us", "throughput_infer_per_s")))  # fmt: skip
+        print(markdown_table("perf_analyzer, concurrency 1 (its client-side figures)", pa, ("p50_us", "p99_us", "throughput_infer_per_s")))  # fmt: skip
     path = write_result(
         args.out,
         "shared-memory",
