@@ -30,7 +30,10 @@ digits_mlp, batch 1, in one run on this machine:
    stages and allocations are then left out), and HTTP and gRPC at concurrency 1, 4, 8 against
    FastAPI with 2 uvicorn workers.
 5. **SqueezeNet** batch 1 through TCP, HTTP and gRPC at concurrency 1, 2, 4, 8 against the raw loop
-   of the same run (2 threads, an ONNX Runtime session each, no server).
+   of the same run (2 threads, an ONNX Runtime session each, no server). The server gets the same
+   compute: a worker per usable CPU (``--placement roundrobin``), since on a machine of few CPUs the
+   placement plan keeps one CPU for the event loop and gives a lone SqueezeNet the rest (on 2 CPUs,
+   one worker: README, Placement), which would measure the plan, not the request path.
 
 FastAPI runs from ``--fastapi-python`` (default ``.venv-fastapi``, created with the peer
 benchmark's pins when missing; ``--no-fastapi`` leaves those rows out). Prints the tables and writes ``latency-<stamp>.json``.
@@ -434,7 +437,7 @@ def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {
         "raw loop (2 sessions, batch 1)": {"throughput_per_s": round(raw_per_s, 1)}
     }
-    with start_serve("--models", "squeezenet", cwd=str(ROOT)) as s:
+    with start_serve("--models", "squeezenet", "--placement", "roundrobin", cwd=str(ROOT)) as s:
         meta = ("--metadata-url", f"http://{s.http_url}")
         targets = {
             "TCP": f"tcp://127.0.0.1:{s.ports['tcp']}",
