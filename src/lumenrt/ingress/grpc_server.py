@@ -46,7 +46,7 @@ from google.protobuf import json_format
 from lumenrt.engine.request import Array
 from lumenrt.ingress.errors import GRPC_CODES, as_server_error
 from lumenrt.ingress.service import InferenceService, WireInput
-from lumenrt.ingress.shared_memory import OFF_MESSAGE, SharedMemoryRegistry, write_shm_output
+from lumenrt.ingress.shared_memory import SharedMemoryRegistry, enabled, write_shm_output
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import check_tensor_count
 from lumenrt.protocols.errors import ServerError, bad_request
@@ -133,12 +133,6 @@ def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...], where: 
     return wide.astype(dt, copy=False).reshape(shape)
 
 
-def _shm(shm: SharedMemoryRegistry | None, where: str) -> SharedMemoryRegistry:
-    if shm is None:
-        raise bad_request(f"{where}.shared_memory_region: {OFF_MESSAGE}")
-    return shm
-
-
 def _decode_inputs(
     request: Any, max_elements: int, model: str, shm: SharedMemoryRegistry | None = None
 ) -> list[WireInput]:
@@ -179,7 +173,7 @@ def _decode_inputs(
             if tensor.HasField("contents"):
                 raise bad_request(f"{where}: has contents, but also parameters.shared_memory_region")
             place = f"{where}: inputs[{i}].parameters"
-            array = _shm(shm, place).read(ref, datatype, shape, place)
+            array = enabled(shm, place).read(ref, datatype, shape, place)
         elif raw:
             if tensor.HasField("contents"):
                 raise bad_request(f"{where}: has contents, but the request sends raw_input_contents")
@@ -212,7 +206,7 @@ def _requested_outputs(
             if ref is not None:
                 if targets is None:
                     targets = {}
-                targets[out.name] = (_shm(shm, where).target(ref, where), ref)
+                targets[out.name] = (enabled(shm, where).target(ref, where), ref)
         names.append(out.name)
     return names, targets
 
@@ -334,9 +328,7 @@ class GrpcServicer:
     # ---- system shared memory -------------------------------------------------------------------
 
     def _registry(self) -> SharedMemoryRegistry:
-        if self.service.shared_memory is None:
-            raise bad_request(OFF_MESSAGE)
-        return self.service.shared_memory
+        return enabled(self.service.shared_memory)
 
     async def system_shared_memory_status(self, request: Any, context: Any) -> Any:
         response = pb.SystemSharedMemoryStatusResponse()

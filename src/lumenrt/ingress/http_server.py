@@ -56,7 +56,7 @@ from lumenrt.ingress.errors import REASONS, as_server_error, not_found, unavaila
 from lumenrt.ingress.http_body import SlotBody, infer_target
 from lumenrt.ingress.lent_slot import RECEIVE_IN_SLOT_MIN
 from lumenrt.ingress.service import InferenceService, InferOutcome
-from lumenrt.ingress.shared_memory import OFF_MESSAGE
+from lumenrt.ingress.shared_memory import enabled
 from lumenrt.ingress.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth
 from lumenrt.protocols.errors import ServerError, bad_request
@@ -661,9 +661,7 @@ def _shared_memory(service: InferenceService, req: HttpRequest, rest: list[str])
         req,
         "GET" if action == "status" else "POST",
     )
-    registry = service.shared_memory
-    if registry is None:
-        raise bad_request(OFF_MESSAGE)
+    registry = enabled(service.shared_memory)
     if action == "status":
         return json_response(registry.status(name))
     if action == "unregister":

@@ -53,6 +53,14 @@ MAX_NAME_CHARS = 256
 _KEY = re.compile(r"/?([A-Za-z0-9._-]{1,255})")
 
 
+def enabled(shm: "SharedMemoryRegistry | None", where: str = "") -> "SharedMemoryRegistry":
+    """The registry, or the 400 that says the extension is off (invariant 1); ``where``: the tensor
+    parameters that named a region (none: an endpoint)."""
+    if shm is None:
+        raise bad_request(f"{where}.shared_memory_region: {OFF_MESSAGE}" if where else OFF_MESSAGE)
+    return shm
+
+
 @dataclass(slots=True)
 class Region:
     name: str

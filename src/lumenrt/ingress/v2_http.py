@@ -28,7 +28,7 @@ from typing import Any
 
 from lumenrt.engine.config import ModelConfig
 from lumenrt.ingress.service import InferOutcome, WireInput
-from lumenrt.ingress.shared_memory import OFF_MESSAGE, SharedMemoryRegistry, write_shm_output
+from lumenrt.ingress.shared_memory import SharedMemoryRegistry, enabled, write_shm_output
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth, check_tensor_count
 from lumenrt.protocols.errors import ServerError, bad_request
@@ -161,12 +161,6 @@ def parse_infer_request(
     return parsed
 
 
-def _shm(shm: SharedMemoryRegistry | None, where: str) -> SharedMemoryRegistry:
-    if shm is None:
-        raise bad_request(f"{where}.shared_memory_region: {OFF_MESSAGE}")
-    return shm
-
-
 def _parse(
     body: bytes,
     header_length: int | None,
@@ -223,7 +217,7 @@ def _parse(
             if "data" in entry:
                 raise bad_request(f"{where}: has both data and parameters.shared_memory_region")
             place = f"inputs[{i}].parameters"
-            array = _shm(shm, place).read(ref, datatype, shape, place)
+            array = enabled(shm, place).read(ref, datatype, shape, place)
         elif size is not None:
             if "data" in entry:
                 raise bad_request(f"{where}: has both data and parameters.binary_data_size")
@@ -259,7 +253,7 @@ def _parse(
                 place = f"outputs[{i}].parameters"
                 if out.shm_outputs is None:
                     out.shm_outputs = {}
-                out.shm_outputs[name] = (_shm(shm, place).target(ref, place), ref)
+                out.shm_outputs[name] = (enabled(shm, place).target(ref, place), ref)
     return out, sizes
 
 

@@ -85,20 +85,28 @@ def ensure_builtin_repository(cache_dir: Path | str | None = None) -> Path:
     with _exclusive_lock(root / f"{BUILTIN_VERSION}.lock"):
         if is_complete(repo):  # built by another while we waited for the lock
             return repo
-        for leftover in root.glob(f"{_TMP_PREFIX}*"):  # crashed builds: no one else builds now
-            shutil.rmtree(leftover, ignore_errors=True)
         if repo.exists():  # without its marker: not ours, or damaged by hand; rebuilt
             shutil.rmtree(repo)
-        tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=root))
-        try:
-            tmp.chmod(0o755)  # mkdtemp makes it 0700; the repository is readable like its files
-            build_repository(tmp)
-            tmp.rename(repo)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        _fsync_dir(root)
+        _build_in_place(repo, _TMP_PREFIX, build_repository)
     return repo
+
+
+def _build_in_place(final: Path, prefix: str, build: Callable[[Path], object]) -> None:
+    """``build`` into a fresh temporary folder beside ``final`` (its name starting with ``prefix``),
+    then renamed to ``final``: under the lock, so temporary folders found first are leftovers of
+    crashed builds and go (the invariants at the top)."""
+    parent = final.parent
+    for leftover in parent.glob(f"{prefix}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the repository is readable like its files
+        build(tmp)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(parent)
 
 
 def ensure_builtin_model(
@@ -111,22 +119,15 @@ def ensure_builtin_model(
     final = repo / name
     if final.is_dir():
         return repo
-    prefix = f".{name}.tmp-"
     with _exclusive_lock(repo.parent / f"{BUILTIN_VERSION}.lock"):
         if final.is_dir():  # added by another while we waited for the lock
             return repo
-        for leftover in repo.glob(f"{prefix}*"):  # crashed builds: no one else builds now
-            shutil.rmtree(leftover, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=repo))
-        try:
-            tmp.chmod(0o755)
+
+        def build(tmp: Path) -> None:
             _write_config(tmp, write(repo, tmp))
             _fsync_tree(tmp)
-            tmp.rename(final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        _fsync_dir(repo)
+
+        _build_in_place(final, f".{name}.tmp-", build)
     return repo
 
 
