@@ -16,7 +16,7 @@ BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.
 E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
             'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
 
-.PHONY: all install serve demo test check gpu-check test-native test-sanitize lint typecheck test-python test-unit test-servers bench bench-serve bench-matrix bench-peers bench-latency bench-security bench-http-body bench-connections bench-shared-memory dashboard report triton-peer clean
+.PHONY: all install serve demo test check gpu-check test-native test-sanitize lint typecheck test-python test-unit test-servers test-e2e test-integration bench bench-serve bench-matrix bench-peers bench-latency bench-security bench-http-body bench-connections bench-shared-memory dashboard report triton-peer clean
 
 all: install
 
@@ -95,8 +95,17 @@ test-python:
 test-unit:
 	$(BIN)/pytest tests/unit
 
+# Two pytest processes at once (the server tests wait on subprocesses much of the time), then
+# test_shm_lifecycle alone: it compares every segment in /dev/shm before and after.
 test-servers:
-	$(BIN)/pytest tests --ignore=tests/unit
+	$(MAKE) -j2 --output-sync=target test-e2e test-integration
+	$(BIN)/pytest tests/integration/test_shm_lifecycle.py
+
+test-e2e:
+	$(BIN)/pytest tests/e2e
+
+test-integration:
+	$(BIN)/pytest tests --ignore=tests/unit --ignore=tests/e2e --ignore=tests/integration/test_shm_lifecycle.py
 
 # Issue 17's GPU run on a machine with a CUDA device: tests/gpu and benchmarks/gpu.py --quick,
 # results under $OUT (default results/gpu-check); exits 2 saying why on a machine without CUDA

@@ -109,6 +109,7 @@ def build_models(torch: Any) -> dict[str, tuple[Any, tuple[int, ...], int]]:
 
 def write_repository(torch: Any, root: Path, models: dict[str, Any], variants: list[str]) -> None:
     """``<model>_<variant>`` per model and variant: one torch.export file, one GPU instance."""
+    root.mkdir(parents=True, exist_ok=True)
     for name, (module, shape, outputs) in models.items():
         batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
         program = torch.export.export(module, (torch.zeros(2, *shape),), dynamic_shapes={"input": {0: batch}})

@@ -3,7 +3,7 @@
 # the CUDA tests, then the short GPU benchmark. About 5-8 minutes (estimated). Results go under
 # $OUT when it is set (a device run's output folder), else results/gpu-check:
 #   environment.txt   nvidia-smi, torch and CUDA versions
-#   gpu-tests.log / gpu-tests.xml   pytest tests/gpu (+ the fake-device tests, as a control)
+#   gpu-tests.log     pytest tests/gpu (+ the fake-device tests, as a control)
 #   gpu-bench.log, gpu-<stamp>.json benchmarks/gpu.py --quick (machine, commit, config, rows, ratios)
 #
 #   bash benchmarks/gpu_check.sh                    # or: make gpu-check
@@ -40,10 +40,10 @@ if ! "$PY" -c "import lumenrt.native._core" 2>/dev/null; then
   exit 2
 fi
 
-timeout 360 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/unit/test_gpu_pipeline.py \
-  tests/integration/test_engine_gpu.py --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
+timeout 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/unit/test_gpu_pipeline.py \
+  tests/integration/test_engine_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests=${PIPESTATUS[0]}
-timeout 300 "$PY" benchmarks/gpu.py --quick --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.log"
+timeout 270 "$PY" benchmarks/gpu.py --quick --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.log"
 bench=${PIPESTATUS[0]}
 echo "gpu_check: tests exit $tests, benchmark exit $bench (results in $OUT)"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -204,7 +204,7 @@ def test_a_cuda_error_fails_its_batch_and_the_instance_keeps_serving(tmp_path: P
     with Engine(tmp_path, EngineConfig()) as eng:
         bad = np.full((1, 4), -1e30, np.float32)
         with pytest.raises(
-            EngineError, match=r"model 'm' on cuda:0 failed: .*(OutOfMemoryError|out of memory)"
+            EngineError, match=r"(?s)model 'm' on cuda:0 failed: .*(OutOfMemoryError|out of memory)"
         ):
             eng.infer("m", {"x": bad})
         for rows in (1, 5, MAX_BATCH):

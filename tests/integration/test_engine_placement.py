@@ -31,6 +31,7 @@ def test_a_model_loaded_later_does_not_move_the_running_ones() -> None:
 
 
 def test_a_strict_plan_that_cannot_fit_loads_nothing() -> None:
-    settings = EngineConfig(lane="queue", placement="spread", placement_strict=True)
+    # one CPU for three models and the event loop: cannot fit on any machine
+    settings = EngineConfig(lane="queue", placement="spread", placement_strict=True, cores=(0,))
     with pytest.raises(PlacementError, match=r"placement \(spread\): .*strict placement refuses"):
         Engine(models=["digits_mlp", "squeezenet", "tabular_xgb"], settings=settings, ingress_threads=1)

@@ -18,7 +18,7 @@ sets its size (all workers are given the same count, so it is the same value).
 import contextlib
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,7 +119,8 @@ class PyTorchBackend:
         module: torch.nn.Module | torch.jit.ScriptModule
         with _LOAD_LOCK:  # thread-mode workers load at once; neither loader is thread-safe
             if model_path.suffix == ".pt2":
-                module = torch.export.load(str(model_path)).module()
+                with quiet_loader_warnings():
+                    module = torch.export.load(str(model_path)).module()
             else:
                 module = _load_torchscript(model_path)
                 module.eval()
@@ -139,10 +140,7 @@ class PyTorchBackend:
         from lumenrt.backends.pytorch_cuda import TorchCudaProgram, device_of, load_module
 
         target = device_of(device)
-        with _LOAD_LOCK, warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", message="`torch.jit.load` is deprecated", category=DeprecationWarning
-            )
+        with _LOAD_LOCK, quiet_loader_warnings():
             module = load_module(model_path, target)
         return TorchCudaProgram(module, config)
 
@@ -156,13 +154,22 @@ class PyTorchBackend:
             )
 
 
-def _load_torchscript(model_path: Path) -> torch.jit.ScriptModule:
-    # torch 2.13 deprecates TorchScript and warns on every load; serving one is this backend's job,
-    # so the warning is silenced here (load time only: catch_warnings is not thread-safe).
+@contextlib.contextmanager
+def quiet_loader_warnings() -> Iterator[None]:
+    """Silence what torch's loaders say on every load that is not about the model: torch 2.13
+    deprecates TorchScript; torch 2.11's torch.export.load builds its weights over a read-only
+    buffer and says so (seen on the GPU machine). Load time only, under _LOAD_LOCK
+    (catch_warnings is process-wide)."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message="`torch.jit.load` is deprecated", category=DeprecationWarning
         )
+        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+        yield
+
+
+def _load_torchscript(model_path: Path) -> torch.jit.ScriptModule:
+    with quiet_loader_warnings():  # serving TorchScript is this backend's job
         # torch.jit.load has no annotations in torch 2.13
         module: torch.jit.ScriptModule = torch.jit.load(str(model_path), map_location="cpu")  # type: ignore[no-untyped-call]
     return module
