@@ -13,13 +13,16 @@ rows the mean batch and the device's mean copy-in, compute and copy-out time per
   ``infer_async`` requests of B rows. Variants, one switch at a time from ``base`` (FP32, pinned
   staging, copy streams, no graphs): ``fp16`` (autocast), ``pageable`` (staging not page-locked),
   ``one-stream`` (copies and compute on one stream), ``graphs`` (CUDA graphs for 1, 4, 16, 64).
-* ``serve-http`` / ``serve-tcp``: ``lumenrt serve`` over the base models, driven by lumenrt's
-  load generator (closed loop) over HTTP (binary tensors) and the TCP protocol.
+* ``serve-http`` / ``serve-tcp``: ``lumenrt serve`` over the ``--serve-variants`` models (default
+  ``base`` and ``graphs``), driven by lumenrt's load generator (closed loop) over HTTP (binary
+  tensors) and the TCP protocol.
 
-``--quick`` (what benchmarks/gpu_check.sh runs, ~3 min): batches 1 and 16, concurrency 1 and
-16, variants at batch 16 and concurrency 16 only, phases of 1 s after 0.3 s of warm-up. The full
-run (~12 min, estimated, not measured: no GPU run yet): batches 1, 4, 16, 64 x concurrency 1, 8,
-64 for base and serve rows, variants at every batch with concurrency 64, phases of 5 s after 1 s.
+``--quick`` (what benchmarks/gpu_check.sh runs): batches 1 and 16, concurrency 1 and 16,
+variants at batch 16 and concurrency 16 only, serve rows at concurrency 16, phases of 1 s after
+0.3 s of warm-up (78 s on an H100 machine with the base serve rows alone). The full run: batches
+1, 4, 16, 64 x concurrency 1, 8, 64 for base and serve rows, variants at every batch with
+concurrency 64, phases of 5 s after 1 s (not timed; batches 1, 16, 64 x concurrency 1, 16, 64
+with 1.5 s phases and base serve rows took 217 s there).
 
 The models are built in code with random weights (no download): SqueezeNet 1.1 after Iandola et
 al. (2016), as in the ONNX built-in (lumenrt/models/squeezenet.py); the MLP is 64-512-512-10.
@@ -64,7 +67,7 @@ VARIANTS: dict[str, dict[str, Any]] = {  # engine variants: the model config's o
 class Row:
     scenario: str  # raw | engine | serve-http | serve-tcp
     model: str
-    variant: str  # raw: fp32 / fp16; engine: a VARIANTS key; serve: base
+    variant: str  # raw: fp32 / fp16; engine and serve: a VARIANTS key
     batch: int
     concurrency: int
     throughput_per_s: float | None = None
@@ -192,11 +195,11 @@ def engine_row(
 
 
 def serve_row(
-    url: str, protocol: str, name: str, shape: tuple[int, ...], batch: int, c: int, phase: Phase
+    url: str, protocol: str, name: str, variant: str, shape: tuple[int, ...], batch: int, c: int, phase: Phase
 ) -> Row:
     x = np.random.default_rng(0).standard_normal((batch, *shape), dtype=np.float32)
     plan = LoadPlan(
-        target=f"{protocol}://{url}", model=f"{name}_base", inputs={"input": x}, concurrency=c,
+        target=f"{protocol}://{url}", model=f"{name}_{variant}", inputs={"input": x}, concurrency=c,
         warmup_s=phase.warmup_s, duration_s=phase.duration_s,
     )  # fmt: skip
     records, window = run_load(plan, multiprocessing.RawArray("q", 1))
@@ -204,7 +207,7 @@ def serve_row(
     latency = figures["latency_us"] or {}
     errors = figures["counts"].get("errors") or None
     return Row(
-        f"serve-{protocol}", name, "base", batch, c, round(figures["throughput_per_s"] * batch, 1),
+        f"serve-{protocol}", name, variant, batch, c, round(figures["throughput_per_s"] * batch, 1),
         latency.get("p50"), latency.get("p99"), error=f"{errors} failed requests" if errors else None,
     )  # fmt: skip
 
@@ -238,10 +241,11 @@ def plan_rows(args: argparse.Namespace) -> Iterator[tuple[str, str, int, int]]:
             if variant != "base" and (not args.quick or batch == max(args.batches)):
                 yield "engine", variant, batch, top_c
     if not args.skip_serve:
-        for protocol in ("http", "tcp"):
-            for batch in args.batches:
-                for c in args.concurrency if not args.quick else [top_c]:
-                    yield f"serve-{protocol}", "base", batch, c
+        for variant in args.serve_variants:
+            for protocol in ("http", "tcp"):
+                for batch in args.batches:
+                    for c in args.concurrency if not args.quick else [top_c]:
+                        yield f"serve-{protocol}", variant, batch, c
 
 
 def ratios(rows: list[Row]) -> list[dict[str, Any]]:
@@ -268,7 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=None)
     parser.add_argument("--warmup-s", type=float, default=None)
     parser.add_argument("--skip-serve", action="store_true")
+    parser.add_argument(
+        "--serve-variants",
+        default="base,graphs",
+        help="the engine variants `lumenrt serve` serves for the serve rows (default base,graphs)",
+    )
     args = parser.parse_args(argv)
+    args.serve_variants = args.serve_variants.split(",")
+    unknown = [v for v in args.serve_variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--serve-variants: unknown {unknown}; choose from {list(VARIANTS)}")
     try:
         import torch
     except ImportError:
@@ -309,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         serve_repo = Path(tmp) / "serve"
         serve_repo.mkdir()
         for name in models:
-            shutil.copytree(repo / f"{name}_base", serve_repo / f"{name}_base")
+            for variant in args.serve_variants:
+                shutil.copytree(repo / f"{name}_{variant}", serve_repo / f"{name}_{variant}")
         planned = list(plan_rows(args))
         with Engine(repo, EngineConfig(queue_type="mpmc")) as engine:
             for scenario, variant, batch, c in planned:
@@ -323,12 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         if serving:
             with start_serve("--repository", str(serve_repo)) as server:
                 urls = {"http": server.http_url, "tcp": f"127.0.0.1:{server.ports['tcp']}"}
-                for scenario, _, batch, c in serving:
+                for scenario, variant, batch, c in serving:
                     protocol = scenario.removeprefix("serve-")
                     for name, (_, shape, _) in models.items():
                         rows.append(guarded(
-                            lambda: serve_row(urls[protocol], protocol, name, shape, batch, c, phase),  # noqa: B023
-                            Row(scenario, name, "base", batch, c),
+                            lambda: serve_row(urls[protocol], protocol, name, variant, shape, batch, c, phase),  # noqa: B023
+                            Row(scenario, name, variant, batch, c),
                         ))  # fmt: skip
     payload = {
         "benchmark": "gpu",
