@@ -12,7 +12,9 @@ rows the mean batch and the device's mean copy-in, compute and copy-out time per
 * ``engine``: the engine in process, one GPU instance, a closed loop of C concurrent
   ``infer_async`` requests of B rows. Variants, one switch at a time from ``base`` (FP32, pinned
   staging, copy streams, no graphs): ``fp16`` (autocast), ``pageable`` (staging not page-locked),
-  ``one-stream`` (copies and compute on one stream), ``graphs`` (CUDA graphs for 1, 4, 16, 64).
+  ``one-stream`` (copies and compute on one stream), ``graphs`` (CUDA graphs for 1, 4, 16, 64),
+  ``direct`` (each request copied to the device from its arena slot, no gather on the host) and
+  ``graphs-direct`` (both).
 * ``serve-http`` / ``serve-tcp``: ``lumenrt serve`` over the ``--serve-variants`` models (default
   ``base`` and ``graphs``), driven by lumenrt's load generator (closed loop) over HTTP (binary
   tensors) and the TCP protocol.
@@ -60,6 +62,8 @@ VARIANTS: dict[str, dict[str, Any]] = {  # engine variants: the model config's o
     "pageable": {"input_pinned_memory": {"enable": False}, "output_pinned_memory": {"enable": False}},
     "one-stream": {"cuda": {"copy_streams": False}},
     "graphs": {"cuda": {"graphs": True}},
+    "direct": {"cuda": {"direct_copies": True}},  # not yet run on a GPU
+    "graphs-direct": {"cuda": {"graphs": True, "direct_copies": True}},  # not yet run on a GPU
 }
 
 

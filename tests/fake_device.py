@@ -54,7 +54,7 @@ class FakeEvent:
 class Issued:
     seq: int
     stream: str
-    kind: str  # record, wait, copy_to_device, copy_to_host, launch
+    kind: str  # record, wait, copy_to_device, copy_rows_to_device, copy_to_host, launch
     tag: Any
     event: FakeEvent | None = None
     generation: int = 0  # a record's or a wait's event generation
@@ -125,6 +125,7 @@ class FakeDevice:
         self.host_waiting = threading.Event()  # set by every synchronize_event
         self.device_bytes = 0
         self.nvml: dict[str, float] | None = None  # what utilization() reports (None: no NVML)
+        self.registered: dict[int, int] = {}  # host memory registered: address -> users
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
         self._streams: list[FakeStream] = []
@@ -202,6 +203,28 @@ class FakeDevice:
                 array[:rows] = src[:rows]
 
         self._issue(stream, "copy_to_host", op)
+
+    def copy_rows_to_device(self, dst: Any, row: int, src: np.ndarray[Any, Any], stream: FakeStream) -> None:
+        self.counts["copy_rows_to_device"] += 1
+
+        def op() -> None:
+            if stream.error is None:
+                dst[row : row + src.shape[0]] = src
+
+        self._issue(stream, "copy_rows_to_device", op)
+
+    def register_host(self, memory: Any) -> Any:
+        self.counts["register_host"] += 1
+        view = np.frombuffer(memory, dtype=np.uint8)
+        address = int(view.ctypes.data)
+        self.registered[address] = self.registered.get(address, 0) + 1
+        return address
+
+    def unregister_host(self, handle: Any) -> None:
+        self.counts["unregister_host"] += 1
+        self.registered[handle] -= 1
+        if self.registered[handle] == 0:
+            del self.registered[handle]
 
     def launch(self, stream: FakeStream, work: Callable[[], None]) -> None:
         if self._refusals:

@@ -124,6 +124,10 @@ def mlp_repo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         dynamic_batching={"max_queue_delay_us": 0, "preferred_batch_size": [1, 4, 16]},
         optimization={"cuda": {"graphs": True}},
     )  # fmt: skip
+    write_model(
+        root, "gpu_direct", module, request.param, [{"kind": "KIND_GPU", "count": 2}], FEATURES, 10,
+        optimization={"cuda": {"direct_copies": True}},
+    )  # fmt: skip
     return root
 
 
@@ -134,7 +138,8 @@ def engine(mlp_repo: Path) -> Iterator[Engine]:
 
 
 @pytest.mark.parametrize(
-    ("model", "rtol", "atol"), [("gpu", 1e-4, 1e-6), ("gpu_graphs", 1e-4, 1e-6), ("gpu_fp16", 2e-2, 2e-3)]
+    ("model", "rtol", "atol"),
+    [("gpu", 1e-4, 1e-6), ("gpu_graphs", 1e-4, 1e-6), ("gpu_fp16", 2e-2, 2e-3), ("gpu_direct", 1e-4, 1e-6)],
 )
 def test_gpu_outputs_match_cpu_for_every_batch_size(
     engine: Engine, model: str, rtol: float, atol: float
@@ -147,6 +152,8 @@ def test_gpu_outputs_match_cpu_for_every_batch_size(
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"{model}, batch {rows}")
     gpu = engine.statistics(model)[0]["gpu"]
     assert gpu["batches"] >= MAX_BATCH and gpu["failures"] == 0
+    # direct copies: every batch from the requests' arena slots (registered with CUDA at load)
+    assert gpu["direct_batches"] == (gpu["batches"] if model == "gpu_direct" else 0)
     assert gpu["copy_in_ns"] > 0 and gpu["compute_ns"] > 0 and gpu["copy_out_ns"] > 0
 
 

@@ -7,6 +7,7 @@ The real CUDA runs are tests/gpu/test_cuda.py."""
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,41 @@ def test_a_failing_batch_fails_alone_and_the_instance_keeps_serving(
         stats = engine.statistics("m")[0]
         assert stats["failures"] == 2 and stats["gpu"]["failures"] == 2 and stats["ready"]
         check_no_leaks(engine)
+
+
+DIRECT = "optimization: {cuda: {direct_copies: true}}\n"
+
+
+@pytest.mark.parametrize("allocator", ["lumen_arena", "standard"])
+def test_direct_copies_send_each_request_from_where_it_lies_with_no_gather(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend, allocator: str
+) -> None:
+    settings = EngineConfig(queue_type="mpmc", thread_count=0, allocator_type=allocator)
+    with Engine(repository(tmp_path, "[{kind: KIND_GPU, count: 2}]", extra=DIRECT), settings) as engine:
+        # the arena's region is registered once for the model's two instances (none without an arena)
+        assert list(device.registered.values()) == ([2] if allocator == "lumen_arena" else [])
+        loaded = len(device.issued)
+
+        async def many() -> list[Any]:
+            return await asyncio.gather(
+                *(engine.infer_async("m", {"x": rows(1 + i % 3, i)}) for i in range(40))
+            )
+
+        results = asyncio.run(many())
+        for i, result in enumerate(results):
+            np.testing.assert_array_equal(result.outputs["y"], rows(1 + i % 3, i) * 2)
+        gpu = engine.statistics("m")[0]["gpu"]
+        assert gpu["direct_batches"] == gpu["batches"] >= 1 and gpu["failures"] == 0
+        # one copy to the device per request (one input each), none from the staging buffers
+        copies = Counter(op.kind for op in device.issued[loaded:] if op.kind.startswith("copy_"))
+        assert copies == {"copy_rows_to_device": 40, "copy_to_host": gpu["batches"]}
+        bad = np.full((1, 4), -1, np.float32)  # a failing batch still fails alone
+        with pytest.raises(EngineError, match="illegal instruction"):
+            engine.infer("m", {"x": bad})
+        np.testing.assert_array_equal(engine.infer("m", {"x": rows(2)}).outputs["y"], rows(2) * 2)
+        check_no_leaks(engine)
+    assert device.registered == {}  # given back at unload, before the region can go
+    assert device.counts["unregister_host"] == device.counts["register_host"]
 
 
 def test_gpu_instances_need_the_thread_pool(

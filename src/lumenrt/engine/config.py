@@ -129,6 +129,9 @@ class GpuOptions:
     busy_wait_events: bool = (
         False  # cuda.busy_wait_events: the worker spins on its batch's event, never sleeps
     )
+    # cuda.direct_copies (lumenrt's): each request's input rows go to the device from where
+    # admission put them (its arena slot, registered page-locked), with no gather into staging
+    direct_copies: bool = False
     pinned_input: bool = True  # input_pinned_memory.enable: page-locked input staging (else pageable)
     pinned_output: bool = True  # output_pinned_memory.enable
 
@@ -193,7 +196,7 @@ _INSTANCE_KEYS = ("count", "cores", "kind", "numa_node", "host_policy", "gpus")
 _INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")  # Triton's; KIND_AUTO is KIND_CPU here
 _CPU_ONLY_KEYS = ("cores", "numa_node", "host_policy")
 _OPTIMIZATION_KEYS = ("execution_accelerators", "cuda", "input_pinned_memory", "output_pinned_memory")
-_CUDA_KEYS = ("graphs", "autocast", "copy_streams", "busy_wait_events")
+_CUDA_KEYS = ("graphs", "autocast", "copy_streams", "busy_wait_events", "direct_copies")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")  # safe in a URL path and as a folder name
 
 
@@ -535,6 +538,7 @@ def _optimization(raw: Any, source: str, backend: str) -> GpuOptions:
         busy_wait_events=read_bool(
             cuda.get("busy_wait_events", False), source, "optimization.cuda.busy_wait_events"
         ),
+        direct_copies=read_bool(cuda.get("direct_copies", False), source, "optimization.cuda.direct_copies"),
         pinned_input=_enabled(raw, "input_pinned_memory", source),
         pinned_output=_enabled(raw, "output_pinned_memory", source),
     )

@@ -58,6 +58,7 @@ class ThreadPool:
                 levels=runtime.level_rings if runtime.doorbell is not None else None,
                 doorbell=runtime.doorbell,
                 requeue=runtime.requeue if runtime.delays else None,
+                host_memory=runtime.region if p.gpu >= 0 and runtime.arena is not None else None,
             )
             for i, p in enumerate(placements)
         ]

@@ -153,10 +153,12 @@ class ThreadWorker:
         levels: list[Ring] | None = None,
         doorbell: Ring | None = None,
         requeue: Callable[[InferRequest], bool] | None = None,
+        host_memory: Any = None,
     ) -> None:
         """``levels`` and ``doorbell``: the priority rings (batcher.PrioritySource), when the model
         has more than one priority level; ``ring`` is then the first level's. ``requeue``: a level's
-        timeout_action is DELAY (batcher.DelayingSource)."""
+        timeout_action is DELAY (batcher.DelayingSource). ``host_memory``: the region holding the
+        model's arena (a GPU instance with direct copies registers it with its device)."""
         self.index = index
         self._board = board
         self.config = config
@@ -172,6 +174,7 @@ class ThreadWorker:
         self._levels = levels
         self._doorbell = doorbell
         self._requeue = requeue
+        self._host_memory = host_memory
         self._table = table
         self._pin = pin
         self._policy = batch_policy(config)
@@ -224,7 +227,9 @@ class ThreadWorker:
         if self.placement.gpu >= 0:
             from lumenrt.engine.gpu.serving import load_gpu_serving
 
-            return load_gpu_serving(self._backend, self._model_path, self.config, self.placement)
+            return load_gpu_serving(
+                self._backend, self._model_path, self.config, self.placement, self._host_memory
+            )
         session = self._backend.load(self._model_path, self.config, self.placement)
         if self._pin:
             narrow_after_load(self.placement, session)

@@ -65,6 +65,22 @@ class Device(Protocol):
 
     def copy_to_host(self, dst: HostBuffer, src: Any, rows: int, stream: Any) -> None: ...
 
+    def copy_rows_to_device(self, dst: Any, row: int, src: Array, stream: Any) -> None:
+        """``src`` (host rows, batch first) into ``dst[row:row + len(src)]``, on ``stream``:
+        asynchronous when ``src`` lies in registered (page-locked) memory. The caller keeps
+        ``src`` unchanged until an event recorded after this copy has completed."""
+        ...
+
+    def register_host(self, memory: Any) -> Any:
+        """Page-lock existing host memory (a buffer, e.g. a model's arena region) so copies from
+        it are asynchronous; returns the handle for ``unregister_host``. Registering memory that
+        is registered already counts one more user. DeviceError if the device refuses."""
+        ...
+
+    def unregister_host(self, handle: Any) -> None:
+        """One user fewer of a registration; the last one unregisters (before the memory goes)."""
+        ...
+
     def launch(self, stream: Any, work: Callable[[], None]) -> None:
         """Run ``work`` with ``stream`` current: what it enqueues runs in that stream's order."""
         ...

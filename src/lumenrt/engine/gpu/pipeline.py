@@ -27,14 +27,18 @@ Invariants
      none is listed); a batch runs the smallest graph that holds its rows (the rows past its own
      are the set's previous contents: computed and never copied out, so only for models whose
      rows do not depend on each other, which is every model a batcher may batch), else eagerly.
+  5. Direct copies (``optimization.cuda.direct_copies``): a batch's pieces are read by the device
+     after ``launch`` returns, so the memory they lie in (the requests' arena slots) stays
+     unchanged until the host has waited for the batch's ``copy_out_end``: serving.py answers,
+     and so frees, a batch's requests only after that wait.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from lumenrt.engine.config import GpuOptions, ModelConfig
-from lumenrt.engine.gpu.device import Device, DeviceError, DeviceProgram
+from lumenrt.engine.gpu.device import Array, Device, DeviceError, DeviceProgram
 from lumenrt.engine.gpu.staging import StagingPlan, StagingSet, allocate
 
 
@@ -101,14 +105,20 @@ class Pipeline:
                 return s.graphs[size]
         return self._eager(s, rows)
 
-    def launch(self, s: StagingSet, rows: int) -> None:
-        """Issue the batch whose inputs the host has gathered into ``s.host_in`` (see the top).
-        Raises only what issuing raised (the set must then be ``settle``d)."""
+    def launch(self, s: StagingSet, rows: int, pieces: Sequence[tuple[str, int, Array]] = ()) -> None:
+        """Issue the batch whose inputs the host has gathered into ``s.host_in`` (see the top), or,
+        with ``pieces`` (input name, first row, rows), whose inputs are copied to the device from
+        where they lie, each piece at its row (invariant 5). Raises only what issuing raised (the
+        set must then be ``settle``d)."""
         dev, st = self.device, self.streams
         s.rows = rows
         dev.record(s.copy_in_start, st.copy_in)
-        for name, host in s.host_in.items():
-            dev.copy_to_device(s.dev_in[name], host, rows, st.copy_in)
+        if pieces:
+            for name, row, array in pieces:
+                dev.copy_rows_to_device(s.dev_in[name], row, array, st.copy_in)
+        else:
+            for name, host in s.host_in.items():
+                dev.copy_to_device(s.dev_in[name], host, rows, st.copy_in)
         dev.record(s.copy_in_end, st.copy_in)
         if st.compute is not st.copy_in:
             dev.wait_event(st.compute, s.copy_in_end)

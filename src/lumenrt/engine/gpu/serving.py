@@ -22,11 +22,16 @@ Invariants
      before its set is refilled (pipeline.py invariant 2). At most ``SETS`` batches are in flight.
   3. Answers never point into staging buffers (which the next batches overwrite): each batch's
      outputs are copied out of the host buffers once, and each request gets its rows of the copy.
+  4. With direct copies the device reads each request's inputs where admission put them (its
+     arena slot) after ``launch`` returns; a request is answered, and its slot freed, only once
+     its batch is done: after the wait for its ``copy_out_end``, or after ``settle`` when its
+     launch or its device work failed.
 
 Shutdown order
   1. the runtime closes the request ring; the loop takes what is left until RingClosed;
   2. the batches still in flight are waited for and answered, oldest first;
-  3. ``close``: the streams finish (Pipeline.close), the program and the buffers are dropped.
+  3. ``close``: the streams finish (Pipeline.close), the program and the buffers are dropped, and
+     the host memory registration (direct copies) is given back, before the runtime can unmap it.
 
 A CUDA error that poisons the context (an illegal address, a device-side assert) fails every later
 batch of every instance in this process too: CUDA cannot recover a context; the process must be
@@ -66,10 +71,12 @@ class Flight:
 
 
 def load_gpu_serving(
-    backend: Backend, model_path: Path, config: ModelConfig, placement: Placement
+    backend: Backend, model_path: Path, config: ModelConfig, placement: Placement, host_memory: Any = None
 ) -> "GpuServing":
     """Load one GPU instance on ``placement.gpu``: what the backend needs is checked before any
-    device is opened (a CPU-only machine is told what is missing, not that CUDA failed)."""
+    device is opened (a CPU-only machine is told what is missing, not that CUDA failed).
+    ``host_memory``: the model's region holding its arena, registered with the device when
+    ``optimization.cuda.direct_copies`` is on (requests copied out of it asynchronously)."""
     source = config.source or config.name
     if not isinstance(backend, GpuBackend):
         raise ConfigError(
@@ -87,7 +94,14 @@ def load_gpu_serving(
     except BaseException:
         program.close()
         raise
-    serving = GpuServing(pipeline, config)
+    registered = None
+    if config.gpu.direct_copies and host_memory is not None:
+        try:
+            registered = device.register_host(host_memory)
+        except BaseException:
+            pipeline.close()
+            raise
+    serving = GpuServing(pipeline, config, registered)
     try:
         serving.warm_up(max(config.warmup, 1))  # the first run also proves the program end to end
     except BaseException:
@@ -97,9 +111,11 @@ def load_gpu_serving(
 
 
 class GpuServing:
-    def __init__(self, pipeline: Pipeline, config: ModelConfig) -> None:
+    def __init__(self, pipeline: Pipeline, config: ModelConfig, registered: Any = None) -> None:
         self.pipeline = pipeline
         self.config = config
+        self._direct = config.gpu.direct_copies
+        self._registered = registered  # the host memory registration this instance holds, if any
         self.stats = DeviceStats()
         plan = pipeline.plan
         self.report = InstanceReport(
@@ -153,8 +169,12 @@ class GpuServing:
             return None
         rows = sum(sink.rows(r) for r in live)
         try:
-            self._gather(live, s, rows, sink)
-            self.pipeline.launch(s, rows)
+            if self._direct:
+                self.pipeline.launch(s, rows, self._pieces(live, sink))
+                self.stats.direct_batches += 1
+            else:
+                self._gather(live, s, rows, sink)
+                self.pipeline.launch(s, rows)
         except Exception as e:
             self.pipeline.settle(s)
             self.stats.failures += 1
@@ -174,12 +194,26 @@ class GpuServing:
             else:
                 np.concatenate([sink.inputs(r)[name] for r in live], out=dst[:rows])
 
+    def _pieces(self, live: list[InferRequest], sink: Sink[InferRequest]) -> list[tuple[str, int, Array]]:
+        """Each request's inputs where admission put them, at their rows of the batch (no copy on
+        the host: pipeline.py invariant 5 keeps them there until the batch is done)."""
+        pieces = []
+        if not self.pipeline.plan.batched:  # one request, no batch dimension: one row of the buffer
+            return [(name, 0, a[np.newaxis]) for name, a in sink.inputs(live[0]).items()]
+        row = 0
+        for request in live:
+            for name, array in sink.inputs(request).items():
+                pieces.append((name, row, array))
+            row += sink.rows(request)
+        return pieces
+
     def _finish(self, flight: Flight, sink: Sink[InferRequest]) -> None:
         """Wait for the batch's own event, then answer each request with its rows (invariant 3)."""
         live, s, rows = flight.requests, flight.staging, flight.rows
         try:
             times = self.pipeline.wait(s)
         except Exception as e:
+            self.pipeline.settle(s)  # invariant 4: nothing of the batch still reads its inputs
             self.stats.failures += 1
             self._fail(live, sink, f"{self._where} failed: {type(e).__name__}: {e}", e)
             return
@@ -222,7 +256,12 @@ class GpuServing:
                 sink.fail(request, message, cause)
 
     def close(self) -> None:
-        self.pipeline.close()
+        try:
+            self.pipeline.close()  # the streams finish: nothing reads the registered memory after
+        finally:
+            if self._registered is not None:
+                self.pipeline.device.unregister_host(self._registered)
+                self._registered = None
 
 
 def describe(serving: Any) -> InstanceReport | None:

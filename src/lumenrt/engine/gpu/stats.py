@@ -21,6 +21,7 @@ class DeviceStats:
 
     batches: int = 0  # batches the device ran to the end
     failures: int = 0  # batches the device (or the launch) failed
+    direct_batches: int = 0  # batches whose inputs went to the device with no gather (direct_copies)
     copy_in_ns: int = 0
     compute_ns: int = 0
     copy_out_ns: int = 0
@@ -63,6 +64,7 @@ def gpu_statistics(instances: Iterable[InstanceReport]) -> dict[str, Any]:
         "instances": len(listed),
         "batches": sum(i.stats.batches for i in listed),
         "failures": sum(i.stats.failures for i in listed),
+        "direct_batches": sum(i.stats.direct_batches for i in listed),
         "copy_in_ns": sum(i.stats.copy_in_ns for i in listed),
         "compute_ns": sum(i.stats.compute_ns for i in listed),
         "copy_out_ns": sum(i.stats.copy_out_ns for i in listed),

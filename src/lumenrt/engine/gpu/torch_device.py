@@ -9,6 +9,9 @@ each instance makes its own streams and events.
   tensor's memory (no copy), the tensor is the HostBuffer's handle and keeps the memory alive.
 - copies: ``Tensor.copy_(non_blocking=True)`` under ``torch.cuda.stream``; into or out of pageable
   memory CUDA makes them synchronous (what the pinned-vs-pageable benchmark measures).
+- registered host memory (``optimization.cuda.direct_copies``): a model's arena region is
+  page-locked in place with ``cudaHostRegister`` (counted per address: the instances of one model
+  share it) and unregistered by its last user, before the region can be unmapped.
 - events: timing events; ``blocking`` events make the host sleep in ``synchronize`` (CUDA's
   blocking sync) instead of spinning (``optimization.cuda.busy_wait_events``).
 - graphs: ``torch.cuda.graph`` on the instance's compute stream, the capture's errors limited to
@@ -29,6 +32,7 @@ from lumenrt.engine.gpu.device import DeviceError, HostBuffer
 
 try:
     import torch
+    from torch.utils.dlpack import from_dlpack
 except ImportError as exc:  # pragma: no cover - the torch extra is missing
     raise DeviceError(
         "KIND_GPU instances run on CUDA through PyTorch: pip install 'lumenrt[torch]' with a CUDA build of torch"
@@ -39,6 +43,9 @@ CAPTURE_WARMUP_RUNS = 3  # eager runs before a capture (PyTorch's docs use 3: la
 _opened: dict[int, "TorchCudaDevice"] = {}
 _open_lock = threading.Lock()
 _capture_lock = threading.Lock()  # one capture at a time in this process (load time only)
+# host memory registered with CUDA (register_host): address -> [users, the view holding it]
+_registered: dict[int, list[Any]] = {}
+_register_lock = threading.Lock()
 
 
 def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
@@ -91,6 +98,38 @@ class TorchCudaDevice:
     def copy_to_host(self, dst: HostBuffer, src: Any, rows: int, stream: Any) -> None:
         with torch.cuda.stream(stream):
             dst.handle[:rows].copy_(src[:rows], non_blocking=True)
+
+    def copy_rows_to_device(self, dst: Any, row: int, src: np.ndarray[Any, Any], stream: Any) -> None:
+        source = torch.from_numpy(src) if src.flags.writeable else from_dlpack(src)  # no copy either way
+        with torch.cuda.stream(stream):
+            dst[row : row + source.shape[0]].copy_(source, non_blocking=True)
+
+    def register_host(self, memory: Any) -> Any:
+        view = np.frombuffer(memory, dtype=np.uint8)  # holds the buffer (it stays mapped) while registered
+        address, size = int(view.ctypes.data), int(view.nbytes)
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        with _register_lock:
+            users = _registered.get(address)
+            if users is None:
+                err = cudart.cudaHostRegister(address, size, 0)
+                if err != cudart.cudaError.success:
+                    raise DeviceError(
+                        f"{self.name}: cudaHostRegister of {size} bytes of host memory failed ({err}); "
+                        "set optimization.cuda.direct_copies false"
+                    )
+                users = _registered[address] = [0, view]
+            users[0] += 1
+        return address
+
+    def unregister_host(self, handle: Any) -> None:
+        with _register_lock:
+            users = _registered.get(handle)
+            if users is None:
+                return
+            users[0] -= 1
+            if users[0] == 0:
+                del _registered[handle]
+                torch.cuda.cudart().cudaHostUnregister(handle)  # type: ignore[no-untyped-call]
 
     def launch(self, stream: Any, work: Callable[[], None]) -> None:
         with torch.cuda.stream(stream):
