@@ -15,7 +15,8 @@ taints the stream: its later copies and launches are skipped and every event it 
 the error, until the stream next waits for an event that carries none (the next batch's
 dependency: it starts clean); a stream that waits for a tainted event is tainted too.
 ``synchronize_event`` raises an event's error as DeviceError. (Real CUDA cannot recover a context
-from a kernel fault at all; see engine/gpu/serving.py.) ``refuse_next_launch(exc)`` makes the next ``launch`` raise on the host, as a
+from a kernel fault at all; see engine/gpu/serving.py: ``sticky_errors`` makes the fake do the
+same, every later host call raising.) ``refuse_next_launch(exc)`` makes the next ``launch`` raise on the host, as a
 launch CUDA refuses (out of memory) does.
 
 Memory: a buffer is a numpy array owned by whoever asked for it; ``close`` ends the stream threads.
@@ -126,6 +127,10 @@ class FakeDevice:
         self.device_bytes = 0
         self.nvml: dict[str, float] | None = None  # what utilization() reports (None: no NVML)
         self.registered: dict[int, int] = {}  # host memory registered: address -> users
+        # sticky errors, as CUDA's after a kernel fault: once a kernel failed, every later call
+        # from the host (issuing, recording, waiting) raises RuntimeError
+        self.sticky_errors = False
+        self.poisoned: BaseException | None = None
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
         self._streams: list[FakeStream] = []
@@ -160,6 +165,8 @@ class FakeDevice:
     def _issue(
         self, stream: FakeStream, kind: str, op: Callable[[], None], event: Any = None, gen: int = 0
     ) -> None:
+        if self.poisoned is not None:
+            raise RuntimeError(f"CUDA error (sticky): {self.poisoned}")
         with self._lock:
             self.issued.append(Issued(self.next_seq(), stream.name, kind, self.tag, event, gen))
         stream.put(kind, self.tag, op)
@@ -236,6 +243,8 @@ class FakeDevice:
                     work()
                 except Exception as e:  # a kernel that fails: reported at the next event
                     stream.error = e
+                    if self.sticky_errors:
+                        self.poisoned = e
 
         self._issue(stream, "launch", op)
 
@@ -271,6 +280,8 @@ class FakeDevice:
         self._issue(stream, "wait", op, event, generation)
 
     def synchronize_event(self, event: FakeEvent) -> None:
+        if self.poisoned is not None and event.issued == event.done and event.error is None:
+            raise DeviceError(f"{self.name}: sticky: {self.poisoned}")
         self.counts["synchronize_event"] += 1
         generation = event.issued
         with self._lock:

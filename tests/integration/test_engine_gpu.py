@@ -232,6 +232,29 @@ def test_a_failing_batch_fails_alone_and_the_instance_keeps_serving(
 DIRECT = "optimization: {cuda: {direct_copies: true}}\n"
 
 
+def test_after_a_fault_that_poisons_the_device_every_batch_is_answered_with_its_error(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    with Engine(repository(tmp_path, "[{kind: KIND_GPU}]", extra=DIRECT), SETTINGS) as engine:
+        device.sticky_errors = True  # as CUDA after an illegal address: records and waits fail too
+
+        def infer(x: np.ndarray) -> Any:  # asynchronous: were the worker dead, the deadline answers
+            return asyncio.run(engine.infer_async("m", {"x": x}, timeout_s=10))
+
+        with pytest.raises(
+            EngineError, match=r"model 'm' on fake:0 failed: DeviceError: .*illegal instruction"
+        ):
+            infer(np.full((1, 4), -1, np.float32))
+        for n in (1, 3):  # then every batch fails when issued, with an answer, and the worker lives on
+            with pytest.raises(
+                EngineError, match=r"model 'm' on fake:0 failed: RuntimeError: CUDA error \(sticky\)"
+            ):
+                infer(rows(n))
+        stats = engine.statistics("m")[0]
+        assert stats["gpu"]["failures"] == 3 and stats["ready"]
+        check_no_leaks(engine)
+
+
 @pytest.mark.parametrize("allocator", ["lumen_arena", "standard"])
 def test_direct_copies_send_each_request_from_where_it_lies_with_no_gather(
     tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend, allocator: str

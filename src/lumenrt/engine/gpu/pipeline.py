@@ -33,6 +33,7 @@ Invariants
      and so frees, a batch's requests only after that wait.
 """
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +41,8 @@ from functools import partial
 from lumenrt.engine.config import GpuOptions, ModelConfig
 from lumenrt.engine.gpu.device import Array, Device, DeviceError, DeviceProgram
 from lumenrt.engine.gpu.staging import StagingPlan, StagingSet, allocate
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,15 +147,16 @@ class Pipeline:
         )
 
     def settle(self, s: StagingSet) -> None:
-        """After ``launch`` raised: wait until whatever it issued on the set is done, so that the
-        set can be reused (invariant 2). A device that fails here fails the next batch too."""
+        """After ``launch`` raised or the device failed the set's batch: wait until whatever was
+        issued on the set is done, so that the set (and the memory direct copies read) can be
+        reused (invariant 2). Never raises: a device that fails here fails the next batch too."""
         dev, st = self.device, self.streams
         try:
             dev.record(s.copy_out_end, st.copy_in)
             dev.record(s.compute_end, st.compute)
             dev.synchronize_event(s.copy_out_end)
             dev.synchronize_event(s.compute_end)
-        except DeviceError:
+        except Exception:  # a poisoned context fails the records too: the batch is failed anyway
             pass
 
     def close(self) -> None:
@@ -161,6 +165,8 @@ class Pipeline:
         try:
             for stream in {id(x): x for x in (st.copy_in, st.compute, st.copy_out)}.values():
                 self.device.synchronize_stream(stream)
+        except DeviceError as exc:  # a poisoned context: every batch was answered already; close anyway
+            logger.warning("%s: closing after a device failure: %s", self.device.name, exc)
         finally:
             self.program.close()
             self.sets = []

@@ -38,6 +38,7 @@ batch of every instance in this process too: CUDA cannot recover a context; the 
 restarted. Errors CUDA reports when work is issued (out of memory, a bad launch) fail one batch.
 """
 
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -57,6 +58,8 @@ from lumenrt.engine.gpu.staging import SETS, StagingPlan, StagingSet
 from lumenrt.engine.gpu.stats import DeviceStats, InstanceReport
 from lumenrt.engine.request import Array, InferRequest
 from lumenrt.native import Item, RingClosed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -95,6 +98,12 @@ def load_gpu_serving(
         program.close()
         raise
     registered = None
+    if config.gpu.direct_copies and host_memory is None:
+        logger.warning(
+            "model %r: direct_copies without an arena (allocator_type standard): each request is "
+            "copied to the device from its own pageable arrays, which CUDA does synchronously",
+            config.name,
+        )
     if config.gpu.direct_copies and host_memory is not None:
         try:
             registered = device.register_host(host_memory)
@@ -132,10 +141,12 @@ class GpuServing:
         self._where = f"model {config.name!r} on {pipeline.device.name}"
 
     def warm_up(self, runs: int) -> None:
-        """Zeros through the whole schedule (load time)."""
+        """Zeros through the whole schedule (load time), by the path requests take (direct copies
+        read the zeros of the set's staging buffer, as they would a request's slot)."""
         for i in range(runs):
             s = self.pipeline.sets[i % SETS]
-            self.pipeline.launch(s, 1)
+            pieces = [(name, 0, host.array[:1]) for name, host in s.host_in.items()] if self._direct else []
+            self.pipeline.launch(s, 1, pieces)
             self.pipeline.wait(s)
 
     def serve(self, batcher: Batcher[Item], records: list[InferRequest], sink: Sink[InferRequest]) -> None:

@@ -22,6 +22,7 @@ each instance makes its own streams and events.
 """
 
 import importlib.util
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,10 @@ except ImportError as exc:  # pragma: no cover - the torch extra is missing
         "KIND_GPU instances run on CUDA through PyTorch: pip install 'lumenrt[torch]' with a CUDA build of torch"
     ) from exc
 
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: the registration holds for every CUDA context
 CAPTURE_WARMUP_RUNS = 3  # eager runs before a capture (PyTorch's docs use 3: lazy init, autotuning)
+
+logger = logging.getLogger(__name__)
 
 _opened: dict[int, "TorchCudaDevice"] = {}
 _open_lock = threading.Lock()
@@ -91,18 +95,33 @@ class TorchCudaDevice:
     def new_event(self, *, blocking: bool) -> Any:
         return torch.cuda.Event(enable_timing=True, blocking=blocking)  # type: ignore[no-untyped-call]
 
+    # Every issuing call turns torch's errors into DeviceError (device.py): after a fault that
+    # poisons the context CUDA fails every later call, records and waits included, and the worker
+    # must still answer the batch (serving.py invariant 1).
+
     def copy_to_device(self, dst: Any, src: HostBuffer, rows: int, stream: Any) -> None:
-        with torch.cuda.stream(stream):
-            dst[:rows].copy_(src.handle[:rows], non_blocking=True)
+        try:
+            with torch.cuda.stream(stream):
+                dst[:rows].copy_(src.handle[:rows], non_blocking=True)
+        except RuntimeError as exc:
+            raise DeviceError(f"{self.name}: {exc}") from exc
 
     def copy_to_host(self, dst: HostBuffer, src: Any, rows: int, stream: Any) -> None:
-        with torch.cuda.stream(stream):
-            dst.handle[:rows].copy_(src[:rows], non_blocking=True)
+        try:
+            with torch.cuda.stream(stream):
+                dst.handle[:rows].copy_(src[:rows], non_blocking=True)
+        except RuntimeError as exc:
+            raise DeviceError(f"{self.name}: {exc}") from exc
 
     def copy_rows_to_device(self, dst: Any, row: int, src: np.ndarray[Any, Any], stream: Any) -> None:
-        source = torch.from_numpy(src) if src.flags.writeable else from_dlpack(src)  # no copy either way
-        with torch.cuda.stream(stream):
-            dst[row : row + source.shape[0]].copy_(source, non_blocking=True)
+        # no copy either way; DLPack shares a read-only array (one received in place) without
+        # torch.from_numpy's warning (numpy >= 2.1 exports read-only arrays)
+        source = torch.from_numpy(src) if src.flags.writeable else from_dlpack(src)
+        try:
+            with torch.cuda.stream(stream):
+                dst[row : row + source.shape[0]].copy_(source, non_blocking=True)
+        except RuntimeError as exc:
+            raise DeviceError(f"{self.name}: {exc}") from exc
 
     def register_host(self, memory: Any) -> Any:
         view = np.frombuffer(memory, dtype=np.uint8)  # holds the buffer (it stays mapped) while registered
@@ -111,7 +130,8 @@ class TorchCudaDevice:
         with _register_lock:
             users = _registered.get(address)
             if users is None:
-                err = cudart.cudaHostRegister(address, size, 0)
+                with torch.cuda.device(self.torch_device):  # no context made on another device
+                    err = cudart.cudaHostRegister(address, size, HOST_REGISTER_PORTABLE)
                 if err != cudart.cudaError.success:
                     raise DeviceError(
                         f"{self.name}: cudaHostRegister of {size} bytes of host memory failed ({err}); "
@@ -128,12 +148,19 @@ class TorchCudaDevice:
                 return
             users[0] -= 1
             if users[0] == 0:
-                del _registered[handle]
-                torch.cuda.cudart().cudaHostUnregister(handle)  # type: ignore[no-untyped-call]
+                cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+                with torch.cuda.device(self.torch_device):
+                    err = cudart.cudaHostUnregister(handle)
+                del _registered[handle]  # only now: the view keeps the memory mapped until here
+                if err != cudart.cudaError.success:
+                    logger.warning("%s: cudaHostUnregister failed (%s)", self.name, err)
 
     def launch(self, stream: Any, work: Callable[[], None]) -> None:
-        with torch.cuda.stream(stream):
-            work()
+        try:
+            with torch.cuda.stream(stream):
+                work()
+        except RuntimeError as exc:  # torch.OutOfMemoryError and torch.AcceleratorError among them
+            raise DeviceError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
 
     def capture(self, stream: Any, work: Callable[[], None]) -> Callable[[], None]:
         with _capture_lock:
@@ -156,10 +183,16 @@ class TorchCudaDevice:
         return replay
 
     def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
+        try:
+            event.record(stream)
+        except RuntimeError as exc:
+            raise DeviceError(f"{self.name}: {exc}") from exc
 
     def wait_event(self, stream: Any, event: Any) -> None:
-        stream.wait_event(event)
+        try:
+            stream.wait_event(event)
+        except RuntimeError as exc:
+            raise DeviceError(f"{self.name}: {exc}") from exc
 
     def synchronize_event(self, event: Any) -> None:
         try:
