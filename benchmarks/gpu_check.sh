@@ -14,12 +14,7 @@
 # says which is missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-results/gpu-check}"
-mkdir -p "$OUT"
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
+source benchmarks/check_env.sh results/gpu-check
 
 {
   date -u +%Y-%m-%dT%H:%M:%SZ

@@ -10,12 +10,7 @@
 # $PYTHON picks the interpreter (default .venv/bin/python, else python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-results/numa-check}"
-mkdir -p "$OUT"
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
+source benchmarks/check_env.sh results/numa-check
 log="$OUT/numa.log"
 {
   echo "== nproc $(nproc); lscpu"; lscpu 2>/dev/null | head -30

@@ -131,6 +131,16 @@ def rows(n: int, start: float = 0.0) -> np.ndarray:
     return np.arange(start, start + 4 * n, dtype=np.float32).reshape(n, 4)
 
 
+def forty_concurrent_requests(engine: Engine) -> None:
+    """40 requests of 1 to 3 rows in flight at once, each answered with its own rows doubled."""
+
+    async def many() -> list[Any]:
+        return await asyncio.gather(*(engine.infer_async("m", {"x": rows(1 + i % 3, i)}) for i in range(40)))
+
+    for i, result in enumerate(asyncio.run(many())):
+        np.testing.assert_array_equal(result.outputs["y"], rows(1 + i % 3, i) * 2)
+
+
 def plan_json(engine: Engine) -> dict[str, Any]:
     assert engine.plan is not None
     return engine.plan.to_json()
@@ -147,15 +157,7 @@ def test_gpu_instances_answer_and_report_device_stages(
 ) -> None:
     with Engine(repository(tmp_path, "[{kind: KIND_GPU, count: 2}]"), SETTINGS) as engine:
         at_load = dict(device.counts)
-
-        async def many() -> list[Any]:
-            return await asyncio.gather(
-                *(engine.infer_async("m", {"x": rows(1 + i % 3, i)}) for i in range(40))
-            )
-
-        results = asyncio.run(many())
-        for i, result in enumerate(results):
-            np.testing.assert_array_equal(result.outputs["y"], rows(1 + i % 3, i) * 2)
+        forty_concurrent_requests(engine)
         stats = engine.statistics("m")[0]
         gpu = stats["gpu"]
         assert stats["workers"] == gpu["instances"] == 2 and stats["requests"] == 40
@@ -264,15 +266,7 @@ def test_direct_copies_send_each_request_from_where_it_lies_with_no_gather(
         # the arena's region is registered once for the model's two instances (none without an arena)
         assert list(device.registered.values()) == ([2] if allocator == "lumen_arena" else [])
         loaded = len(device.issued)
-
-        async def many() -> list[Any]:
-            return await asyncio.gather(
-                *(engine.infer_async("m", {"x": rows(1 + i % 3, i)}) for i in range(40))
-            )
-
-        results = asyncio.run(many())
-        for i, result in enumerate(results):
-            np.testing.assert_array_equal(result.outputs["y"], rows(1 + i % 3, i) * 2)
+        forty_concurrent_requests(engine)
         gpu = engine.statistics("m")[0]["gpu"]
         assert gpu["direct_batches"] == gpu["batches"] >= 1 and gpu["failures"] == 0
         # one copy to the device per request (one input each), none from the staging buffers
