@@ -2,7 +2,8 @@
 where its answer comes back.
 
 Per instance, ``SETS`` (two) staging sets, each with, for every input, a host buffer (page-locked
-unless ``optimization.input_pinned_memory.enable`` is false) and a device buffer, and for every
+unless ``optimization.input_pinned_memory.enable`` is false, or ``optimization.cuda.direct_copies``
+sends requests to the device without it) and a device buffer, and for every
 output a device buffer and a host buffer (``output_pinned_memory``), all sized for
 ``max_batch_size`` rows (one row for a model without a batch dimension), and the set's six
 timing events. Two sets so that one batch can be on the device while the worker answers the
@@ -117,7 +118,10 @@ def allocate(device: Device, plan: StagingPlan, options: GpuOptions) -> list[Sta
             StagingSet(
                 index,
                 {
-                    t.name: device.host_buffer((lead, *t.dims), t.dtype, pinned=options.pinned_input)
+                    # with direct copies only warm-up reads them: not page-locked
+                    t.name: device.host_buffer(
+                        (lead, *t.dims), t.dtype, pinned=options.pinned_input and not options.direct_copies
+                    )
                     for t in plan.inputs
                 },
                 {t.name: device.device_buffer((lead, *t.dims), t.dtype) for t in plan.inputs},
