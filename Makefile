@@ -95,17 +95,17 @@ test-python:
 test-unit:
 	$(BIN)/pytest tests/unit
 
-# Two pytest processes at once (the server tests wait on subprocesses much of the time), then two
-# files alone: test_shm_lifecycle compares every segment in /dev/shm before and after, and
-# perf_analyzer's runs end only once its measurement windows agree (a neighbour's load can keep
-# them from agreeing: seen once).
-ALONE = tests/integration/test_shm_lifecycle.py tests/e2e/test_perf_analyzer.py
+# Two pytest processes at once (the server tests wait on subprocesses much of the time), then three
+# files alone: test_shm_lifecycle compares every segment in /dev/shm before and after;
+# perf_analyzer's runs end only once its measurement windows agree (a neighbour's load kept them
+# from agreeing once); the haproxy test expects haproxy's health checks on time.
+ALONE_E2E = tests/e2e/test_perf_analyzer.py tests/e2e/test_replicas_haproxy.py
 test-servers:
 	$(MAKE) -j2 --output-sync=target test-e2e test-integration
-	$(BIN)/pytest $(ALONE)
+	$(BIN)/pytest tests/integration/test_shm_lifecycle.py $(ALONE_E2E)
 
 test-e2e:
-	$(BIN)/pytest tests/e2e --ignore=tests/e2e/test_perf_analyzer.py
+	$(BIN)/pytest tests/e2e $(addprefix --ignore=,$(ALONE_E2E))
 
 test-integration:
 	$(BIN)/pytest tests --ignore=tests/unit --ignore=tests/e2e --ignore=tests/integration/test_shm_lifecycle.py
