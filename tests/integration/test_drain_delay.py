@@ -36,6 +36,12 @@ def test_requests_are_served_through_the_delay_then_refused() -> None:
             port = server.ports["http"]
             assert request(port, "GET", "/v2/health/ready") == 200
             shutdown = asyncio.run_coroutine_threadsafe(server.app.shutdown(), server.loop)
+            # the shutdown runs on the server's loop: wait until it has begun (on a busy machine a
+            # request can come first, seen once)
+            began = time.monotonic()
+            while not server.app.service.draining and time.monotonic() - began < 5:
+                time.sleep(0.001)
+            assert server.app.service.draining
             started = time.monotonic()
             while server.app.service.accepting and time.monotonic() - started < 0.8:
                 assert request(port, "GET", "/v2/health/ready") == 503  # the balancer's signal
