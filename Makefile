@@ -98,8 +98,10 @@ test-unit:
 # Two pytest processes at once (the server tests wait on subprocesses much of the time), then three
 # files alone: test_shm_lifecycle compares every segment in /dev/shm before and after;
 # perf_analyzer's runs end only once its measurement windows agree (a neighbour's load kept them
-# from agreeing once); the haproxy test expects haproxy's health checks on time.
-ALONE_E2E = tests/e2e/test_perf_analyzer.py tests/e2e/test_replicas_haproxy.py
+# from agreeing once; the auth and TLS tests run it too); the haproxy test expects haproxy's health
+# checks on time.
+ALONE_E2E = tests/e2e/test_perf_analyzer.py tests/e2e/test_replicas_haproxy.py tests/e2e/test_auth_serve.py \
+            tests/e2e/test_tls_serve.py
 test-servers:
 	$(MAKE) -j2 --output-sync=target test-e2e test-integration
 	$(BIN)/pytest tests/integration/test_shm_lifecycle.py $(ALONE_E2E)

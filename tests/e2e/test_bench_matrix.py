@@ -77,7 +77,8 @@ def test_matrix_runs_a_slice_and_writes_rows(tmp_path: Path, capsys: pytest.Capt
         assert run["server"]["label"]["queue_type"] == "naive"
         assert (tmp_path / row["run"]).with_suffix(".csv").is_file()
     fixed = doc["rows"][0]
-    assert fixed["throughput_per_s"] == pytest.approx(200, rel=0.2)  # the offered rate was carried
+    # the offered rate was carried (saturation gives thousands); a busy machine delays the last answers
+    assert fixed["throughput_per_s"] == pytest.approx(200, rel=0.5)
     assert all(r["lane"] == "auto" for r in doc["rows"])  # the lane `lumenrt serve` uses by default
     assert "| naive | standard | thread | 2 | 4 | auto | saturation |" in format_table(doc)
     assert "| naive | standard | thread | 2 | 4 | auto | saturation |" in out

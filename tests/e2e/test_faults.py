@@ -31,10 +31,12 @@ from tests.e2e.conftest import ServeProcess, start_serve
 MODES = ["thread", "process"]
 MARK = "LUMENRT_FAULT_TEST_MARK"  # environment variable every process of one test's server carries
 CLIENT_TIMEOUT_S = 20.0  # one request's socket timeout: far above any answer here, so a hang
-GRACE_S = 10.0  # --grace-s (the default); a clean stop takes 3-5 s here on a loaded 2-core machine
+# --grace-s; a clean stop takes 3-5 s here on a loaded 2-core machine, and up to twice that beside
+# the other half of the test run: a stop that waits out the grace is still caught
+GRACE_S = 30.0
 SHORT_S = 0.005  # how long a load request sleeps in the model
 WIDE = 50_000  # elements of a big request's tensor: 250 KB of JSON, 31-49 ms to parse here (measured)
-LEFTOVER_WITHIN_S = 2.0  # after the server is gone, its processes must be gone within this
+LEFTOVER_WITHIN_S = 10.0  # after the server is gone, its processes must be gone within this
 
 # The model sleeps x[0, 0] seconds. A request with a tag x[0, 1] > 0 first writes the pid of the
 # worker process that holds it to held-<tag> (files: the model may run in a worker process), then,
@@ -554,7 +556,7 @@ def test_server_sigkill_under_load_leaves_no_process_and_no_segment(
 
     assert [o for o in outcomes if o.kind == "timeout"] == []
     assert [o for o in outcomes if o.kind == "http"] == []
-    assert all(o.kind == "ok" for o in outcomes if o.sent_at < killed_at - 0.5)
+    assert all(o.kind == "ok" for o in outcomes if o.sent_at < killed_at - 2)  # answered well before
     assert sum(1 for o in outcomes if o.kind == "connection") == 4  # one per client, its last
 
 

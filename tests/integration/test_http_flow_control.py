@@ -30,7 +30,8 @@ from tests.mock_transport import MockTransport
 PATIENT = ServeLimits(
     max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=30.0, idle_timeout_s=60.0
 )
-HASTY = ServeLimits(max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=1.0, idle_timeout_s=1.0)
+# 2 s: a reader descheduled for a second on a busy machine is still not a stalled one
+HASTY = ServeLimits(max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=2.0, idle_timeout_s=2.0)
 
 
 # ---- real sockets ---------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ from lumenrt.models.builtin import builtin_examples
 from lumenrt.protocols.http_headers import CONTINUE
 from tests.integration.flow_clients import read_response
 
-LIMITS = ServeLimits(max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=0.5, idle_timeout_s=1.0)
+# short enough for the timeout tests, long enough that a test thread descheduled on a busy machine
+# (the test run's other half runs beside this one) is not cut off mid-request
+LIMITS = ServeLimits(max_body_bytes=1 << 20, max_elements=1 << 16, receive_timeout_s=2.0, idle_timeout_s=2.0)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from lumenrt.protocols import tcp as tp
 from tests.integration.flow_clients import WAIT_S, Sampler, Sender, non_reading_client, probe, wait_for
 
 PATIENT = ServeLimits(receive_timeout_s=30.0, idle_timeout_s=60.0)
-HASTY = ServeLimits(receive_timeout_s=1.0, idle_timeout_s=1.0)
+# 2 s: a reader descheduled for a second on a busy machine is still not a stalled one
+HASTY = ServeLimits(receive_timeout_s=2.0, idle_timeout_s=2.0)
 WIDTH = 1024  # floats per answer: answers (4 KiB) far larger than requests (~100 bytes)
 N = 3000  # ~12 MB of answers: far over the high-water mark and the socket buffers
 
@@ -198,7 +199,7 @@ def test_a_slow_reader_is_not_taken_for_a_stalled_one(hasty: ServerThread) -> No
         reader = Reader(sock)
         for count in range(50, N + 50, 50):
             reader.read(min(count, N))
-            time.sleep(0.02)  # reading slowly is the behaviour under test: 60 pauses in all
+            time.sleep(0.05)  # reading slowly is the behaviour under test: 60 pauses, 3 s in all
         sender.join(WAIT_S)
         assert not sender.is_alive() and sender.error is None
     assert sorted(f.request_id for f in reader.frames) == list(range(1, N + 1))
