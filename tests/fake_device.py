@@ -193,32 +193,26 @@ class FakeDevice:
         self.counts["event"] += 1
         return FakeEvent(f"e{self.counts['event']}")
 
-    def copy_to_device(self, dst: Any, src: HostBuffer, rows: int, stream: FakeStream) -> None:
-        array = src.array
+    def _copy(
+        self, stream: FakeStream, kind: str, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]
+    ) -> None:
+        """``src`` into ``dst`` (views of the buffers) when the stream gets to it."""
 
         def op() -> None:
             if stream.error is None:
-                dst[:rows] = array[:rows]
+                dst[...] = src
 
-        self._issue(stream, "copy_to_device", op)
+        self._issue(stream, kind, op)
+
+    def copy_to_device(self, dst: Any, src: HostBuffer, rows: int, stream: FakeStream) -> None:
+        self._copy(stream, "copy_to_device", dst[:rows], src.array[:rows])
 
     def copy_to_host(self, dst: HostBuffer, src: Any, rows: int, stream: FakeStream) -> None:
-        array = dst.array
-
-        def op() -> None:
-            if stream.error is None:
-                array[:rows] = src[:rows]
-
-        self._issue(stream, "copy_to_host", op)
+        self._copy(stream, "copy_to_host", dst.array[:rows], src[:rows])
 
     def copy_rows_to_device(self, dst: Any, row: int, src: np.ndarray[Any, Any], stream: FakeStream) -> None:
         self.counts["copy_rows_to_device"] += 1
-
-        def op() -> None:
-            if stream.error is None:
-                dst[row : row + src.shape[0]] = src
-
-        self._issue(stream, "copy_rows_to_device", op)
+        self._copy(stream, "copy_rows_to_device", dst[row : row + src.shape[0]], src)
 
     def register_host(self, memory: Any) -> Any:
         self.counts["register_host"] += 1

@@ -4,6 +4,7 @@ against both front ends (HTTP and binary TCP) through a parametrized fixture, ov
 that buffers what the client has not read yet, with a fake clock (no sockets, no sleeping)."""
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -265,9 +266,11 @@ def test_a_closing_connection_never_pauses_reading(rig: Rig) -> None:
     assert not rig.conn.reading_paused and rig.transport.reading
 
 
-def test_a_tcp_fatal_error_lingers_then_closes_and_flushes() -> None:
-    """TCP only: after a broken frame the connection half-closes and reads on for LINGER_S, then
-    closes; an error frame the client never reads is then dropped like any unread answer."""
+@contextlib.contextmanager
+def tcp_connection() -> Iterator[
+    tuple[asyncio.AbstractEventLoop, FakeClock, TcpFrontEnd, TcpConnection, MockTransport]
+]:
+    """One TCP connection on a mock transport, its front end on a fake clock (TCP-only tests)."""
     loop = asyncio.new_event_loop()
     try:
         clock = FakeClock()
@@ -276,6 +279,16 @@ def test_a_tcp_fatal_error_lingers_then_closes_and_flushes() -> None:
         conn = TcpConnection(front)
         transport = MockTransport(loop, high=1 << 20)
         transport.attach(conn)
+        yield loop, clock, front, conn, transport
+        loop.run_until_complete(front.close())
+    finally:
+        loop.close()
+
+
+def test_a_tcp_fatal_error_lingers_then_closes_and_flushes() -> None:
+    """TCP only: after a broken frame the connection half-closes and reads on for LINGER_S, then
+    closes; an error frame the client never reads is then dropped like any unread answer."""
+    with tcp_connection() as (loop, clock, front, conn, transport):
         deliver_on(loop, conn, b"not a frame at all, just some bytes")
         assert conn.draining and transport.eof_written and transport.reading
         clock.now += LINGER_S
@@ -284,9 +297,6 @@ def test_a_tcp_fatal_error_lingers_then_closes_and_flushes() -> None:
         clock.now += IDLE
         front.sweep(clock.now)
         assert transport.aborted
-        loop.run_until_complete(front.close())
-    finally:
-        loop.close()
 
 
 @pytest.mark.parametrize(
@@ -335,14 +345,7 @@ def test_a_quiet_connection_is_checked_in_full_once_it_receives_again(rig: Rig) 
 def test_an_idle_tcp_connection_gives_its_receive_buffer_back() -> None:
     """TCP only: a request split over two reads leaves the connection its own receive buffer
     (tcp_receiver.py); once a sweep finds it idle since the sweep before, that buffer goes back."""
-    loop = asyncio.new_event_loop()
-    try:
-        clock = FakeClock()
-        front = TcpFrontEnd(InferenceService(FakeEngine(), LIMITS), loop)  # type: ignore[arg-type]
-        front.clock = clock
-        conn = TcpConnection(front)
-        transport = MockTransport(loop, high=1 << 20)
-        transport.attach(conn)
+    with tcp_connection() as (loop, clock, front, conn, transport):
         frame = tcp_request(1)
         deliver_on(loop, conn, frame[:30])
         assert conn.decoder.own_buffer_bytes > 0  # the start of a frame, kept
@@ -352,9 +355,6 @@ def test_an_idle_tcp_connection_gives_its_receive_buffer_back() -> None:
         clock.now += 1
         front.sweep(clock.now)  # nothing since the sweep before
         assert conn.decoder.own_buffer_bytes == 0 and not transport.closing
-        loop.run_until_complete(front.close())
-    finally:
-        loop.close()
 
 
 class CountingConnection:

@@ -56,12 +56,31 @@ def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
+class _AsDeviceError:
+    """A reusable ``with`` block: torch's RuntimeError (torch.OutOfMemoryError and
+    torch.AcceleratorError among them) leaves it as DeviceError naming the device and the error's
+    type."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, RuntimeError) and not isinstance(exc, DeviceError):
+            raise DeviceError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+
+
 class TorchCudaDevice:
     def __init__(self, index: int) -> None:
         self.index = index
         self.name = f"cuda:{index}"
         self.torch_device = torch.device(self.name)
         self._pools: dict[int, Any] = {}  # id(stream) -> graph memory pool
+        self._issuing = _AsDeviceError(self.name)
 
     @classmethod
     def open(cls, index: int) -> "TorchCudaDevice":
@@ -95,33 +114,24 @@ class TorchCudaDevice:
     def new_event(self, *, blocking: bool) -> Any:
         return torch.cuda.Event(enable_timing=True, blocking=blocking)  # type: ignore[no-untyped-call]
 
-    # Every issuing call turns torch's errors into DeviceError (device.py): after a fault that
-    # poisons the context CUDA fails every later call, records and waits included, and the worker
-    # must still answer the batch (serving.py invariant 1).
+    # Every issuing call runs under ``self._issuing``, which turns torch's errors into DeviceError
+    # (device.py): after a fault that poisons the context CUDA fails every later call, records and
+    # waits included, and the worker must still answer the batch (serving.py invariant 1).
 
     def copy_to_device(self, dst: Any, src: HostBuffer, rows: int, stream: Any) -> None:
-        try:
-            with torch.cuda.stream(stream):
-                dst[:rows].copy_(src.handle[:rows], non_blocking=True)
-        except RuntimeError as exc:
-            raise DeviceError(f"{self.name}: {exc}") from exc
+        with self._issuing, torch.cuda.stream(stream):
+            dst[:rows].copy_(src.handle[:rows], non_blocking=True)
 
     def copy_to_host(self, dst: HostBuffer, src: Any, rows: int, stream: Any) -> None:
-        try:
-            with torch.cuda.stream(stream):
-                dst.handle[:rows].copy_(src[:rows], non_blocking=True)
-        except RuntimeError as exc:
-            raise DeviceError(f"{self.name}: {exc}") from exc
+        with self._issuing, torch.cuda.stream(stream):
+            dst.handle[:rows].copy_(src[:rows], non_blocking=True)
 
     def copy_rows_to_device(self, dst: Any, row: int, src: np.ndarray[Any, Any], stream: Any) -> None:
         # no copy either way; DLPack shares a read-only array (one received in place) without
         # torch.from_numpy's warning (numpy >= 2.1 exports read-only arrays)
         source = torch.from_numpy(src) if src.flags.writeable else from_dlpack(src)
-        try:
-            with torch.cuda.stream(stream):
-                dst[row : row + source.shape[0]].copy_(source, non_blocking=True)
-        except RuntimeError as exc:
-            raise DeviceError(f"{self.name}: {exc}") from exc
+        with self._issuing, torch.cuda.stream(stream):
+            dst[row : row + source.shape[0]].copy_(source, non_blocking=True)
 
     def register_host(self, memory: Any) -> Any:
         view = np.frombuffer(memory, dtype=np.uint8)  # holds the buffer (it stays mapped) while registered
@@ -156,11 +166,8 @@ class TorchCudaDevice:
                     logger.warning("%s: cudaHostUnregister failed (%s)", self.name, err)
 
     def launch(self, stream: Any, work: Callable[[], None]) -> None:
-        try:
-            with torch.cuda.stream(stream):
-                work()
-        except RuntimeError as exc:  # torch.OutOfMemoryError and torch.AcceleratorError among them
-            raise DeviceError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        with self._issuing, torch.cuda.stream(stream):
+            work()
 
     def capture(self, stream: Any, work: Callable[[], None]) -> Callable[[], None]:
         with _capture_lock:
@@ -183,16 +190,12 @@ class TorchCudaDevice:
         return replay
 
     def record(self, event: Any, stream: Any) -> None:
-        try:
+        with self._issuing:
             event.record(stream)
-        except RuntimeError as exc:
-            raise DeviceError(f"{self.name}: {exc}") from exc
 
     def wait_event(self, stream: Any, event: Any) -> None:
-        try:
+        with self._issuing:
             stream.wait_event(event)
-        except RuntimeError as exc:
-            raise DeviceError(f"{self.name}: {exc}") from exc
 
     def synchronize_event(self, event: Any) -> None:
         try:
