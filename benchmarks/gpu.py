@@ -10,17 +10,20 @@ rows the mean batch and the device's mean copy-in, compute and copy-out time per
   on one stream, the model, the answer copied back, the stream synchronized; FP32 and FP16
   (autocast). The ceiling the engine rows are compared against (same model, batch, precision).
 * ``engine``: the engine in process, one GPU instance, a closed loop of C concurrent
-  ``infer_async`` requests of B rows. Variants, one switch at a time from ``base`` (FP32, pinned
+  ``infer_async`` requests of B rows from one thread (``clients: async``), or of C threads calling
+  ``infer`` (``clients: threads``: admission's copies of big requests then run side by side). Variants, one switch at a time from ``base`` (FP32, pinned
   staging, copy streams, no graphs): ``fp16`` (autocast), ``pageable`` (staging not page-locked),
   ``one-stream`` (copies and compute on one stream), ``graphs`` (CUDA graphs for 1, 4, 16, 64),
-  ``direct`` (each request copied to the device from its arena slot, no gather on the host) and
-  ``graphs-direct`` (both).
+  ``direct`` (each request copied to the device from its arena slot, no gather on the host),
+  ``graphs-direct`` (both), and those two with ``busy_wait_events`` (``graphs-busy``,
+  ``graphs-direct-busy``: the worker spins on its batch's event rather than sleeping).
 * ``serve-http`` / ``serve-tcp``: ``lumenrt serve`` over the ``--serve-variants`` models (default
-  ``base`` and ``graphs``), driven by lumenrt's load generator (closed loop) over HTTP (binary
+  ``graphs`` and ``graphs-direct``), driven by lumenrt's load generator (closed loop) over HTTP (binary
   tensors) and the TCP protocol.
 
 ``--quick`` (what benchmarks/gpu_check.sh runs): batches 1 and 64 (the raw loop's best on the
-H100), concurrency 1 and 16, variants at batch 64 and concurrency 16 only, serve rows of one image
+H100), concurrency 1 and 16, variants at batch 64 and concurrency 16 only (the direct ones also
+with threads), serve rows of one image
 at concurrency 8, 16 and 32 and of 64 at 16, phases of 1 s after 0.3 s of warm-up (batches 1 and
 16 with the base serve rows alone took 78 s on an H100 machine). The run ends with issue 17's
 three targets read off the rows (``targets``). The full run: batches
@@ -65,8 +68,10 @@ VARIANTS: dict[str, dict[str, Any]] = {  # engine variants: the model config's o
     "pageable": {"input_pinned_memory": {"enable": False}, "output_pinned_memory": {"enable": False}},
     "one-stream": {"cuda": {"copy_streams": False}},
     "graphs": {"cuda": {"graphs": True}},
-    "direct": {"cuda": {"direct_copies": True}},  # not yet run on a GPU
-    "graphs-direct": {"cuda": {"graphs": True, "direct_copies": True}},  # not yet run on a GPU
+    "direct": {"cuda": {"direct_copies": True}},
+    "graphs-direct": {"cuda": {"graphs": True, "direct_copies": True}},
+    "graphs-busy": {"cuda": {"graphs": True, "busy_wait_events": True}},
+    "graphs-direct-busy": {"cuda": {"graphs": True, "direct_copies": True, "busy_wait_events": True}},
 }
 
 
@@ -81,6 +86,7 @@ class Row:
     p50_us: float | None = None
     p99_us: float | None = None
     mean_batch_rows: float | None = None
+    clients: str = "async"  # engine rows: async (one thread) or threads (one per request in flight)
     device_us: dict[str, float] = field(default_factory=dict)  # mean per batch: copy_in, compute, copy_out
     error: str | None = None
 
@@ -180,15 +186,24 @@ def raw_row(
 
 
 def engine_row(
-    engine: Any, name: str, variant: str, shape: tuple[int, ...], batch: int, c: int, phase: Phase
-) -> Row:
+    engine: Any, name: str, variant: str, shape: tuple[int, ...], batch: int, c: int, phase: Phase,
+    clients: str = "async",
+) -> Row:  # fmt: skip
     model = f"{name}_{variant}"
     x = np.random.default_rng(0).standard_normal((batch, *shape), dtype=np.float32)
     before = engine.statistics(model)[0]
-    samples, counters = closed_loop_async(
-        engine, model, {"input": x}, rows_per_request=batch, concurrency=c, phase=phase
-    )
-    after = engine.statistics(model)[0]
+    if clients == "threads":
+        samples = closed_loop_threads([lambda: engine.infer(model, {"input": x})] * c, batch, phase)
+        after = engine.statistics(model)[0]
+        mean_batch = (
+            (after["requests"] - before["requests"]) * batch / max(after["batches"] - before["batches"], 1)
+        )
+    else:
+        samples, counters = closed_loop_async(
+            engine, model, {"input": x}, rows_per_request=batch, concurrency=c, phase=phase
+        )
+        after = engine.statistics(model)[0]
+        mean_batch = counters.mean_batch_rows
     p = percentiles_us(samples.latencies_ns)
     batches = max(after["gpu"]["batches"] - before["gpu"]["batches"], 1)
     device = {
@@ -197,7 +212,7 @@ def engine_row(
     }
     return Row(
         "engine", name, variant, batch, c, round(samples.throughput_per_s, 1), p.p50_us, p.p99_us,
-        counters.mean_batch_rows, device,
+        round(mean_batch, 1), clients, device,
     )  # fmt: skip
 
 
@@ -225,8 +240,9 @@ def guarded(make: Callable[[], Row], fallback: Row) -> Row:
     except Exception as exc:  # the row fails, the run goes on
         fallback.error = f"{type(exc).__name__}: {exc}"
         row = fallback
+    scenario = "engine-thr" if row.clients == "threads" else row.scenario
     print(
-        f"{row.scenario:10} {row.model:10} {row.variant:10} b{row.batch:<3} c{row.concurrency:<3} "
+        f"{scenario:10} {row.model:10} {row.variant:13} b{row.batch:<3} c{row.concurrency:<3} "
         + (
             f"ERROR {row.error}"
             if row.error
@@ -239,7 +255,8 @@ def guarded(make: Callable[[], Row], fallback: Row) -> Row:
 
 
 def plan_rows(args: argparse.Namespace) -> Iterator[tuple[str, str, int, int]]:
-    """(scenario, variant, batch, concurrency) for every engine and serve row."""
+    """(scenario, variant, batch, concurrency) for every engine and serve row (scenario
+    ``engine-threads``: an engine row whose clients are threads)."""
     top_c = max(args.concurrency)
     for batch in args.batches:
         for c in args.concurrency:
@@ -247,6 +264,8 @@ def plan_rows(args: argparse.Namespace) -> Iterator[tuple[str, str, int, int]]:
         for variant in VARIANTS:
             if variant != "base" and (not args.quick or batch == max(args.batches)):
                 yield "engine", variant, batch, top_c
+                if "direct" in variant and batch > 1:  # big requests: admission's copy in threads
+                    yield "engine-threads", variant, batch, top_c
     if not args.skip_serve:
         for variant in args.serve_variants:
             for protocol in ("http", "tcp"):
@@ -297,7 +316,7 @@ def targets(rows: list[Row]) -> dict[str, Any]:
         out["engine_of_raw"][model] = {
             "raw_batch": best_raw.batch,
             "raw_per_s": best_raw.throughput_per_s,
-            "engine": None if best is None else {k: getattr(best, k) for k in ("variant", "concurrency", "throughput_per_s")},
+            "engine": None if best is None else {k: getattr(best, k) for k in ("variant", "clients", "concurrency", "throughput_per_s")},
             "ratio": None if best is None else round((best.throughput_per_s or 0.0) / (best_raw.throughput_per_s or 1.0), 3),
         }  # fmt: skip
     http = [r for r in ok if r.scenario == "serve-http" and r.model == "squeezenet" and r.batch == 1]
@@ -324,7 +343,7 @@ def print_targets(t: dict[str, Any]) -> None:
         engine = e["engine"] or {}
         print(
             f"target engine/raw {model}: raw {e['raw_per_s']}/s at batch {e['raw_batch']}; engine "
-            f"{engine.get('throughput_per_s')}/s ({engine.get('variant')}, c{engine.get('concurrency')}): {e['ratio']}"
+            f"{engine.get('throughput_per_s')}/s ({engine.get('variant')}, {engine.get('clients')}, c{engine.get('concurrency')}): {e['ratio']}"
         )
     h = t["http_squeezenet"]
     print(f"target squeezenet HTTP >= 1000/s, p50 < 10 ms: {'met' if h['met'] else 'not met'}: {h['rows']}")
@@ -345,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-serve", action="store_true")
     parser.add_argument(
         "--serve-variants",
-        default="base,graphs",
-        help="the engine variants `lumenrt serve` serves for the serve rows (default base,graphs)",
+        default="graphs,graphs-direct",
+        help="the engine variants `lumenrt serve` serves for the serve rows (default graphs,graphs-direct)",
     )
     args = parser.parse_args(argv)
     args.serve_variants = args.serve_variants.split(",")
@@ -398,11 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         planned = list(plan_rows(args))
         with Engine(repo, EngineConfig(queue_type="mpmc")) as engine:
             for scenario, variant, batch, c in planned:
-                if scenario == "engine":
+                if scenario.startswith("engine"):
+                    clients = "threads" if scenario == "engine-threads" else "async"
                     for name, (_, shape, _) in models.items():
                         rows.append(guarded(
-                            lambda: engine_row(engine, name, variant, shape, batch, c, phase),  # noqa: B023
-                            Row("engine", name, variant, batch, c),
+                            lambda: engine_row(engine, name, variant, shape, batch, c, phase, clients),  # noqa: B023
+                            Row("engine", name, variant, batch, c, clients=clients),
                         ))  # fmt: skip
         serving = [p for p in planned if p[0].startswith("serve-")]
         if serving:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's GPU run, prepared for a machine with a CUDA device (nothing here has run on one yet):
+# Issue 17's GPU run on a machine with a CUDA device (run on an H100: docs/results/device-20261126b):
 # the CUDA tests, then the short GPU benchmark. About 5-8 minutes (estimated). Results go under
 # $OUT when it is set (a device run's output folder), else results/gpu-check:
 #   environment.txt   nvidia-smi, torch and CUDA versions

@@ -36,6 +36,7 @@ from lumenrt.engine.engine import Engine, EngineConfig  # noqa: E402
 from lumenrt.engine.gpu import torch_device  # noqa: E402
 from lumenrt.engine.gpu.staging import SETS  # noqa: E402
 from lumenrt.engine.request import EngineError  # noqa: E402
+from lumenrt.engine.slot_layout import DATA_AT  # noqa: E402
 
 MAX_BATCH = 16
 FEATURES = 64
@@ -155,6 +156,21 @@ def test_gpu_outputs_match_cpu_for_every_batch_size(
     # direct copies: every batch from the requests' arena slots (registered with CUDA at load)
     assert gpu["direct_batches"] == (gpu["batches"] if model == "gpu_direct" else 0)
     assert gpu["copy_in_ns"] > 0 and gpu["compute_ns"] > 0 and gpu["copy_out_ns"] > 0
+
+
+def test_direct_copies_from_large_slots_match_cpu(mlp_repo: Path) -> None:
+    # an arena slot holds 4 rows of x: the bigger requests go into large slots, registered too
+    settings = EngineConfig(queue_type="mpmc", arena_slot_bytes=DATA_AT + 4 * FEATURES * 4)
+    with Engine(mlp_repo, settings) as eng:
+        rng = np.random.default_rng(18)
+        for rows in range(1, MAX_BATCH + 1):
+            x = rng.standard_normal((rows, FEATURES), dtype=np.float32)
+            want = eng.infer("cpu", {"x": x}).outputs["y"]
+            got = eng.infer("gpu_direct", {"x": x}).outputs["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=f"batch {rows}")
+        stats = eng.statistics("gpu_direct")[0]
+        assert stats["arena_fallbacks"] == 0 and stats["large_arena"]["allocated"] == MAX_BATCH - 4
+        assert stats["gpu"]["direct_batches"] == stats["gpu"]["batches"] >= MAX_BATCH
 
 
 def test_pinned_buffers_are_allocated_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ from lumenrt.engine.engine import Engine, EngineConfig
 from lumenrt.engine.gpu import devices
 from lumenrt.engine.gpu.device import DeviceError
 from lumenrt.engine.request import EngineError
+from lumenrt.engine.slot_layout import DATA_AT
 from lumenrt.ingress.service import InferenceService
 from tests.fake_device import WAIT_GUARD_S, FakeDevice
 
@@ -280,6 +281,47 @@ def test_direct_copies_send_each_request_from_where_it_lies_with_no_gather(
         check_no_leaks(engine)
     assert device.registered == {}  # given back at unload, before the region can go
     assert device.counts["unregister_host"] == device.counts["register_host"]
+
+
+def test_a_request_too_big_for_an_arena_slot_goes_into_a_large_slot_and_straight_to_the_device(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    # an arena slot holds 4 rows of x; a request of up to max_batch_size (8) rows fits a large slot
+    settings = EngineConfig(queue_type="mpmc", thread_count=0, arena_slot_bytes=DATA_AT + 64)
+    with Engine(repository(tmp_path, "[{kind: KIND_GPU}]", extra=DIRECT), settings) as engine:
+        loaded = len(device.issued)
+        forty_concurrent_requests(engine)  # 1 to 3 rows: arena slots
+
+        async def big() -> list[Any]:
+            return await asyncio.gather(
+                *(engine.infer_async("m", {"x": rows(5 + i % 4, i)}) for i in range(12))
+            )
+
+        for i, result in enumerate(asyncio.run(big())):
+            np.testing.assert_array_equal(result.outputs["y"], rows(5 + i % 4, i) * 2)
+        stats = engine.statistics("m")[0]
+        assert stats["arena_fallbacks"] == 0
+        assert stats["arena"]["allocated"] == 40 and stats["large_arena"]["allocated"] == 12
+        assert stats["arena"]["in_use"] == stats["large_arena"]["in_use"] == 0
+        # every request's rows copied to the device from the registered region, none gathered
+        copies = Counter(op.kind for op in device.issued[loaded:] if op.kind.startswith("copy_"))
+        assert (
+            copies["copy_rows_to_device"] == 52 and stats["gpu"]["direct_batches"] == stats["gpu"]["batches"]
+        )
+        check_no_leaks(engine)
+
+
+def test_a_cpu_model_has_no_large_arena(tmp_path: Path) -> None:
+    settings = EngineConfig(queue_type="mpmc", thread_count=0, arena_slot_bytes=DATA_AT + 64)
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.yaml").write_text(f"backend: python\nmax_batch_size: 8\n{IO}")
+    (tmp_path / "m" / "1" / "model.py").write_text(
+        "class Model:\n    def load(self):\n        pass\n\n    def infer(self, inputs):\n        return {'y': inputs['x'] * 2}\n"
+    )
+    with Engine(tmp_path, settings) as engine:
+        np.testing.assert_array_equal(engine.infer("m", {"x": rows(6)}).outputs["y"], rows(6) * 2)
+        stats = engine.statistics("m")[0]
+        assert stats["large_arena"] is None and stats["arena_fallbacks"] == 1
 
 
 def test_gpu_instances_need_the_thread_pool(

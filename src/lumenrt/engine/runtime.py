@@ -10,8 +10,9 @@ thread pool and an unnamed memfd for the process pool (handed to workers at spaw
 
 Ingress path of a request (``submit`` / ``run``), all in the caller's thread:
   validate -> check the queue bound (max_queue_size) -> take a request record -> copy the inputs
-  once (none when a front end received them into a lent slot: ``receive_slot``), into an arena slot in the slot layout of slot_layout.py (thread pool with allocator_type
-  "standard", or a request larger than a slot: into fresh numpy arrays) -> push the request
+  once (none when a front end received them into a lent slot: ``receive_slot``), into an arena slot in the slot layout of slot_layout.py (a GPU model's request larger than a
+  slot: into a large slot of max_batch_size rows; thread pool with allocator_type "standard", or a
+  request no slot can hold: into fresh numpy arrays) -> push the request
   descriptor (descriptors.py) -> a worker answers it (execute.py).
 
 Invariants (both pools; each pool adds its own)
@@ -73,6 +74,7 @@ from lumenrt.engine.slot_layout import (
     DATA_AT,
     SlotTooSmall,
     adopt_inputs,
+    payload_bytes,
     received_payload,
     slot_bytes_needed,
     write_inputs,
@@ -94,6 +96,11 @@ from lumenrt.native import (
 from lumenrt.placement.memory import LocalityError, bind_memory, locality, read_numa_maps, thread_policy
 
 ARENA_BUDGET_BYTES = 256 << 20  # per model, process pool; guessed: bounds shared memory for big-input models
+# A GPU model whose max_batch_size rows outgrow an arena slot gets this much more, in slots that
+# hold a whole batch (the large arena), so a big request is copied once into memory that is reused
+# (page-locked with direct copies) rather than into fresh arrays: a fresh 38.5 MB array (SqueezeNet,
+# 64 images) costs a page fault per 4 KiB page on every request. Guessed: 26 such slots.
+LARGE_ARENA_BUDGET_BYTES = 1 << 30
 ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
 
 
@@ -125,6 +132,8 @@ class ArenaPlan:
     slot_bytes: int
     n_slots: int
     required: bool  # True: no slot, no admission (process pool); False: fresh arrays instead
+    large_slot_bytes: int = 0  # GPU models in the thread pool: slots of max_batch_size rows
+    large_slots: int = 0
 
 
 def arena_plan(config: ModelConfig, options: RuntimeOptions, table_size: int) -> ArenaPlan | None:
@@ -134,7 +143,17 @@ def arena_plan(config: ModelConfig, options: RuntimeOptions, table_size: int) ->
         n = max(1, min(table_size, options.arena_slots, ARENA_BUDGET_BYTES // slot_bytes))
         return ArenaPlan(slot_bytes, n, required=True)
     if options.allocator_type == "lumen_arena":
-        return ArenaPlan(options.arena_slot_bytes, min(options.arena_slots, table_size), required=False)
+        large_bytes, large_n = 0, 0
+        if config.gpu_groups:  # a whole batch in one request: a large slot (LARGE_ARENA_BUDGET_BYTES)
+            needed = slot_bytes_needed(config, max(config.max_batch_size, 1)) or 0
+            if needed > options.arena_slot_bytes:
+                large_bytes = (needed + 4095) & ~4095
+                large_n = min(table_size, LARGE_ARENA_BUDGET_BYTES // large_bytes)
+                if large_n < 2:  # a batch too big for the budget: fresh arrays, as before
+                    large_bytes, large_n = 0, 0
+        return ArenaPlan(
+            options.arena_slot_bytes, min(options.arena_slots, table_size), False, large_bytes, large_n
+        )
     return None
 
 
@@ -195,6 +214,10 @@ class ModelRuntime:
         if self._arena_plan is not None:
             plan = self._arena_plan
             lay.add(slab_required_bytes(plan.slot_bytes, plan.n_slots), align=4096, name="arena")
+            if plan.large_slots:
+                lay.add(
+                    slab_required_bytes(plan.large_slot_bytes, plan.large_slots), align=4096, name="large"
+                )
         pool_class.add_sections(lay, config, table_size, len(placements))
         self.region, self._fd = pool_class.create_region(lay.size_bytes, config.name)
         self.region_node = self._bind_region(placements)
@@ -234,6 +257,13 @@ class ModelRuntime:
             plan = self._arena_plan
             self.arena = SlabPool.create(
                 self.region, plan.slot_bytes, plan.n_slots, offset=lay.offsets["arena"]
+            )
+        # the large arena (GPU models, ArenaPlan): its slot i is request slot arena.n_slots + i
+        self.large: SlabPool | None = None
+        if self._arena_plan is not None and self._arena_plan.large_slots:
+            plan = self._arena_plan
+            self.large = SlabPool.create(
+                self.region, plan.large_slot_bytes, plan.large_slots, offset=lay.offsets["large"]
             )
         self.arena_fallbacks = 0  # requests too big for a slot (or arena full): copied to fresh arrays
         # slots lent to front ends receiving a body straight into them (``receive_slot``), at most
@@ -559,6 +589,12 @@ class ModelRuntime:
         if arena is not None and plan is not None:
             describe = plan.required
             if describe or all(a.dtype != np.object_ for a in arrays.values()):
+                if self.large is not None and payload_bytes(arrays) > arena.slot_bytes - DATA_AT:
+                    in_large = self._take_large(req, arrays)
+                    if in_large is not None:
+                        return in_large
+                    self.arena_fallbacks += 1
+                    return {name: np.array(a, copy=True) for name, a in arrays.items()}
                 slot = arena.try_alloc()
                 if slot is None and plan.required:
                     self.rejected += 1
@@ -583,6 +619,35 @@ class ModelRuntime:
                         return placed
             self.arena_fallbacks += 1
         return {name: np.array(a, copy=True) for name, a in arrays.items()}
+
+    def _take_large(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array] | None:
+        """A request too big for an arena slot into a large one (thread pool: no header); None
+        when every large slot is in use or it does not fit one either (max_batch_size rows)."""
+        large, arena = self.large, self.arena
+        assert large is not None and arena is not None
+        slot = large.try_alloc()
+        if slot is None:
+            return None
+        try:
+            placed = write_inputs(large.view(slot), arrays, describe=False)
+        except SlotTooSmall:
+            large.free(slot)
+            return None
+        except BaseException:
+            large.free(slot)
+            raise
+        req.slot = arena.n_slots + slot
+        return placed
+
+    def _free_slot(self, slot: int) -> None:
+        """Back to its pool: the arena's, or the large arena's past the arena's last index."""
+        arena = self.arena
+        if arena is None:
+            return
+        if slot < arena.n_slots:
+            arena.free(slot)
+        elif self.large is not None:
+            self.large.free(slot - arena.n_slots)
 
     def _refuse(self, req: InferRequest, refused: str | None = None) -> None:
         """The ring refused the request (full, closed by an unload, or refused by the ring):
@@ -625,9 +690,7 @@ class ModelRuntime:
         slot = req.slot
         if slot >= 0:
             req.slot = -1
-            arena = self.arena
-            if arena is not None:
-                arena.free(slot)
+            self._free_slot(slot)
         self.table.release(req)
 
     def _bind_region(self, placements: list[Placement]) -> int:
@@ -725,6 +788,7 @@ class ModelRuntime:
             "compute_buckets": total.compute_buckets,
             "queued": self.queued() if not self.closed else 0,
             "arena": arena.stats() if arena is not None else None,
+            "large_arena": self.large.stats() if self.large is not None else None,
             "ring": self.ring.stats() if not self.closed else None,
             "lane": self.lane.describe(),
             **extra,

@@ -68,6 +68,11 @@ def slot_bytes_needed(config: ModelConfig, rows: int) -> int | None:
     return total
 
 
+def payload_bytes(arrays: dict[str, Array]) -> int:
+    """The data area ``write_inputs`` needs for these arrays (each tensor 64-byte aligned)."""
+    return sum(_align(a.nbytes) for a in arrays.values())
+
+
 def write_inputs(slot: memoryview, arrays: dict[str, Array], *, describe: bool = True) -> dict[str, Array]:
     """Copy the inputs into the slot (the request's one copy) and return views of them there.
     ``describe``: also write the header entries a reader in another process needs (a worker

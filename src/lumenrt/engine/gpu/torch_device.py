@@ -7,8 +7,13 @@ each instance makes its own streams and events.
 - host buffers: ``torch.empty(..., pin_memory=True)`` (page-locked: the copies are DMA'd and
   asynchronous) or pageable when the config turns pinning off; the numpy array is a view of the
   tensor's memory (no copy), the tensor is the HostBuffer's handle and keeps the memory alive.
-- copies: ``Tensor.copy_(non_blocking=True)`` under ``torch.cuda.stream``; into or out of pageable
+- copies: ``Tensor.copy_(non_blocking=True)`` on the operation's stream; into or out of pageable
   memory CUDA makes them synchronous (what the pinned-vs-pageable benchmark measures).
+- streams: each copy and launch makes its stream the issuing thread's current stream with
+  ``torch.cuda.set_stream`` and leaves it so (the stream context manager costs three calls and a
+  Stream object each time: a batch switches streams 3 times, and once per request with direct
+  copies). Only an instance's own worker thread issues its work, and every issuing call sets the
+  stream it needs, so what was current before never matters.
 - registered host memory (``optimization.cuda.direct_copies``): a model's arena region is
   page-locked in place with ``cudaHostRegister`` (counted per address: the instances of one model
   share it) and unregistered by its last user, before the region can be unmapped.
@@ -47,6 +52,8 @@ logger = logging.getLogger(__name__)
 _opened: dict[int, "TorchCudaDevice"] = {}
 _open_lock = threading.Lock()
 _capture_lock = threading.Lock()  # one capture at a time in this process (load time only)
+_set_stream = torch.cuda.set_stream  # the issuing thread's current stream (see the top)
+
 # host memory registered with CUDA (register_host): address -> [users, the view holding it]
 _registered: dict[int, list[Any]] = {}
 _register_lock = threading.Lock()
@@ -119,18 +126,21 @@ class TorchCudaDevice:
     # waits included, and the worker must still answer the batch (serving.py invariant 1).
 
     def copy_to_device(self, dst: Any, src: HostBuffer, rows: int, stream: Any) -> None:
-        with self._issuing, torch.cuda.stream(stream):
+        with self._issuing:
+            _set_stream(stream)
             dst[:rows].copy_(src.handle[:rows], non_blocking=True)
 
     def copy_to_host(self, dst: HostBuffer, src: Any, rows: int, stream: Any) -> None:
-        with self._issuing, torch.cuda.stream(stream):
+        with self._issuing:
+            _set_stream(stream)
             dst.handle[:rows].copy_(src[:rows], non_blocking=True)
 
     def copy_rows_to_device(self, dst: Any, row: int, src: np.ndarray[Any, Any], stream: Any) -> None:
         # no copy either way; DLPack shares a read-only array (one received in place) without
         # torch.from_numpy's warning (numpy >= 2.1 exports read-only arrays)
         source = torch.from_numpy(src) if src.flags.writeable else from_dlpack(src)
-        with self._issuing, torch.cuda.stream(stream):
+        with self._issuing:
+            _set_stream(stream)
             dst[row : row + source.shape[0]].copy_(source, non_blocking=True)
 
     def register_host(self, memory: Any) -> Any:
@@ -166,7 +176,8 @@ class TorchCudaDevice:
                     logger.warning("%s: cudaHostUnregister failed (%s)", self.name, err)
 
     def launch(self, stream: Any, work: Callable[[], None]) -> None:
-        with self._issuing, torch.cuda.stream(stream):
+        with self._issuing:
+            _set_stream(stream)
             work()
 
     def capture(self, stream: Any, work: Callable[[], None]) -> Callable[[], None]:
