@@ -333,3 +333,38 @@ def test_sync_caller_interrupted_while_waiting_leaks_nothing(repo: Path) -> None
         assert rt.statistics()["arena"]["in_use"] == 0
         y = eng.infer("slow", {"x": np.ones((1, 2), np.float32)}).outputs["y"]
         np.testing.assert_allclose(y, 2.0)
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_sync_caller_with_a_deadline_is_answered_by_it_while_the_model_hangs(
+    tmp_path: Path, levels: int
+) -> None:
+    """The worker is stuck inside the model past the caller's deadline: the caller gets
+    RequestTimeout then, not when the model returns; its record comes back once the worker
+    answers (with priority levels too: their own wait path)."""
+    write_py_model(tmp_path)
+    if levels > 1:
+        config = tmp_path / "slow" / "config.yaml"
+        config.write_text(
+            config.read_text().replace("dynamic_batching:\n", "dynamic_batching:\n  priority_levels: 2\n")
+        )
+    entered, gate = slow_model_state.ENTERED, slow_model_state.GATE
+    entered.clear()
+    gate.clear()
+    with Engine(tmp_path, EngineConfig(thread_count=1)) as eng:
+        rt = eng.runtime("slow")
+        try:
+            with pytest.raises(
+                RequestTimeout, match=r"model 'slow': deadline passed after .* before a worker answered"
+            ):
+                eng.infer("slow", {"x": np.ones((1, 2), np.float32)}, timeout_s=0.2)
+            assert entered.is_set()  # it was inside the model: only the caller could answer it
+            assert rt.table.free == len(rt.table.records) - 1  # parked until the worker answers
+        finally:
+            gate.set()
+        (late,) = rt._late
+        assert rt.table.latches.wait(late.index, timeout_s=30)  # the model returned: answered
+        y = eng.infer("slow", {"x": np.ones((1, 2), np.float32)}, timeout_s=30).outputs["y"]
+        np.testing.assert_allclose(y, 2.0)
+        assert rt.table.free == len(rt.table.records) and not rt._late
+        assert rt.statistics()["arena"]["in_use"] == 0

@@ -271,6 +271,8 @@ def test_direct_copies_send_each_request_from_where_it_lies_with_no_gather(
         gpu = engine.statistics("m")[0]["gpu"]
         assert gpu["direct_batches"] == gpu["batches"] >= 1 and gpu["failures"] == 0
         assert gpu["pinned_bytes"] == 2 * 2 * 8 * 4 * 4  # output staging only: 2 instances x 2 sets
+        region = engine.runtime("m").region  # page-locked in place, once for both instances
+        assert gpu["registered_bytes"] == (len(memoryview(region)) if allocator == "lumen_arena" else 0)
         # one copy to the device per request (one input each), none from the staging buffers
         copies = Counter(op.kind for op in device.issued[loaded:] if op.kind.startswith("copy_"))
         assert copies == {"copy_rows_to_device": 40, "copy_to_host": gpu["batches"]}

@@ -39,10 +39,11 @@ def ring_capacity(n: int) -> int:
 # ---- requests ring --------------------------------------------------------------------------
 
 
-def try_push_request(ring: Ring, req: InferRequest) -> bool:
-    """Push ``req``'s descriptor (ASYNC) without waiting; False if the ring is full."""
+def try_push_request(ring: Ring, req: InferRequest, kind: int = ASYNC) -> bool:
+    """Push ``req``'s descriptor (ASYNC, or SYNC for a caller that waits on its latch itself)
+    without waiting; False if the ring is full."""
     slot = req.slot if req.slot >= 0 else NO_SLOT
-    return ring.try_push(req.index, slot, 0, 0, req.rows, req.generation, req.deadline_ns, ASYNC)
+    return ring.try_push(req.index, slot, 0, 0, req.rows, req.generation, req.deadline_ns, kind)
 
 
 def push_request_wait(ring: Ring, req: InferRequest, latches: Latches, spin_ns: int) -> bool:

@@ -28,7 +28,11 @@ Invariants (both pools; each pool adds its own)
      the ring's capacity).
   4. A request's arena slot is freed once, when its record is released (after its caller has read
      the answer), or at once when admission refuses it.
-  5. A slot lent to a front end to receive a body into (``receive_slot``) is freed once: by
+  5. A synchronous caller with a deadline is answered by then (``run``): if no worker has
+     answered SYNC_DEADLINE_SLACK_S past it (one stuck in the model), it gets RequestTimeout and
+     its request is cancelled and parked (``_late``) with its record and slot, released once the
+     worker sets its latch (by the next synchronous call or admission that finds records short).
+  6. A slot lent to a front end to receive a body into (``receive_slot``) is freed once: by
      ``return_slot``, or by admission (``submit(received_slot=)``), which either makes it the
      request's slot (the inputs lie in it as received: not copied) or frees it. At most a quarter
      of the arena is lent at once.
@@ -47,6 +51,7 @@ Shutdown order
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,7 +62,7 @@ import numpy as np
 
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.descriptors import push_request_wait, ring_capacity, try_push_request
+from lumenrt.engine.descriptors import SYNC, push_request_wait, ring_capacity, try_push_request
 from lumenrt.engine.lane import InlineLane
 from lumenrt.engine.process_pool import ProcessPool
 from lumenrt.engine.request import (
@@ -68,6 +73,7 @@ from lumenrt.engine.request import (
     ModelNotReady,
     QueueFull,
     RequestTable,
+    RequestTimeout,
     StageTimes,
 )
 from lumenrt.engine.slot_layout import (
@@ -102,6 +108,9 @@ ARENA_BUDGET_BYTES = 256 << 20  # per model, process pool; guessed: bounds share
 # 64 images) costs a page fault per 4 KiB page on every request. Guessed: 26 such slots.
 LARGE_ARENA_BUDGET_BYTES = 1 << 30
 ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
+# A synchronous caller with a deadline waits this long past it for the worker's own answer (the
+# worker expires a request it takes late) before answering itself (guessed: scheduling noise)
+SYNC_DEADLINE_SLACK_S = 0.002
 
 
 # A scrape or a statistics request reads numa_maps (page-table walks) at most this often per model,
@@ -272,6 +281,8 @@ class ModelRuntime:
         self._lent: dict[int, memoryview] = {}  # slot -> the memory lent: released at close
         self._receiving_max = max(1, self.arena.n_slots // 4) if self.arena is not None else 0
         self.inputs_in_place = 0  # requests whose inputs were received in their slot: not copied
+        self._late: list[InferRequest] = []  # synchronous requests answered at their deadline (invariant 5)
+        self._late_lock = threading.Lock()  # taken only where _late is not empty, or to park one
         self.rejected = 0
         # ``rejected`` by reason (metrics): queue_full (a level's bound, records or arena slots
         # exhausted, the ring full), unloading, ring_refused
@@ -381,18 +392,23 @@ class ModelRuntime:
         """Synchronous: queue the request and wait for it in this thread (polling ``spin_us``,
         then sleeping, with the GIL released from the push on). Returns it answered; the caller
         reads it, then releases it."""
+        if self._late:
+            self._reap_late()
         req = self._prepare(inputs, timeout_s, None, priority)
         refused: str | None = None
+        late = False
         try:
-            doorbell = self.doorbell
-            if doorbell is None:
+            doorbell, bounded = self.doorbell, req.deadline_ns != 0
+            if doorbell is None and not bounded:
                 pushed = push_request_wait(self.ring, req, self.table.latches, self._spin_ns)
-            else:  # the request to its level, then its token, and wait (batcher.PrioritySource)
-                pushed = try_push_request(self.level_rings[req.level - 1], req)
-                if pushed and not self._push_token(doorbell, req, wait=True):
+            else:  # the request to its level, then its token (batcher.PrioritySource), and wait
+                pushed = try_push_request(self.level_rings[req.level - 1], req, SYNC)
+                if pushed and doorbell is not None and not self._push_token(doorbell, req, wait=not bounded):
                     # no token (the doorbell closed: unloading): in flight all the same, and
                     # answered by close (_fail_untokened); wait for that, bounded
                     self.table.latches.wait(req.index, timeout_s=ABANDON_WAIT_S)
+                elif pushed and bounded:
+                    late = not self._wait_until_deadline(req)
         except RingClosed:
             pushed = False
         except LrtError as e:  # raised before the push took effect (e.g. too many producer threads)
@@ -402,8 +418,35 @@ class ModelRuntime:
             raise
         if not pushed:
             self._refuse(req, refused)
+        if late:
+            self._park(req)
         self.workers.collect(req)
         return req
+
+    def _wait_until_deadline(self, req: InferRequest) -> bool:
+        """Wait for the worker's answer until just past the request's deadline; False if none came."""
+        remaining_s = (req.deadline_ns - time.monotonic_ns()) / 1e9 + SYNC_DEADLINE_SLACK_S
+        return self.table.latches.wait(req.index, timeout_s=max(remaining_s, 0.0), spin_ns=self._spin_ns)
+
+    def _park(self, req: InferRequest) -> None:
+        """No worker answered by the deadline: cancel the request, park it with its record and
+        slot, and answer the caller with RequestTimeout (invariant 5)."""
+        self.cancel(req)  # a worker that has not taken it yet skips it
+        with self._late_lock:
+            self._late.append(req)
+        waited_us = (time.monotonic_ns() - req.times.received_ns) // 1000
+        raise RequestTimeout(
+            f"model {self.config.name!r}: deadline passed after {waited_us} us, before a worker answered"
+        )
+
+    def _reap_late(self) -> None:
+        """Release the parked requests whose worker has answered since (invariant 5)."""
+        with self._late_lock:
+            done = [r for r in self._late if self.table.latches.is_set(r.index)]
+            for r in done:
+                self._late.remove(r)
+        for r in done:
+            self.release(r)
 
     def run_inline(
         self, inputs: Mapping[str, Any], times: StageTimes | None = None, timeout_s: float | None = None
@@ -538,6 +581,9 @@ class ModelRuntime:
                 f"model {config.name!r}: queue full ({where}max_queue_size: {level_max} requests waiting)"
             )
         req = self.table.acquire()
+        if req is None and self._late:
+            self._reap_late()
+            req = self.table.acquire()
         if req is None:
             self.rejected += 1
             self.rejections["queue_full"] += 1

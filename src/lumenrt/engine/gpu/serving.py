@@ -110,7 +110,9 @@ def load_gpu_serving(
         except BaseException:
             pipeline.close()
             raise
-    serving = GpuServing(pipeline, config, registered)
+    serving = GpuServing(
+        pipeline, config, registered, len(memoryview(host_memory)) if registered is not None else 0
+    )
     try:
         serving.warm_up(max(config.warmup, 1))  # the first run also proves the program end to end
     except BaseException:
@@ -120,7 +122,9 @@ def load_gpu_serving(
 
 
 class GpuServing:
-    def __init__(self, pipeline: Pipeline, config: ModelConfig, registered: Any = None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, config: ModelConfig, registered: Any = None, registered_bytes: int = 0
+    ) -> None:
         self.pipeline = pipeline
         self.config = config
         self._direct = config.gpu.direct_copies
@@ -137,6 +141,7 @@ class GpuServing:
                 if b.pinned
             ),
             stats=self.stats,
+            registered_bytes=registered_bytes,
         )
         self._where = f"model {config.name!r} on {pipeline.device.name}"
 

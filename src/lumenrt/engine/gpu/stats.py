@@ -41,6 +41,7 @@ class InstanceReport:
     owned_bytes: int  # its weights and staging buffers on the device
     pinned_bytes: int  # its page-locked host staging
     stats: DeviceStats
+    registered_bytes: int = 0  # direct copies: the model's region, page-locked in place (shared)
 
 
 def gpu_statistics(instances: Iterable[InstanceReport]) -> dict[str, Any]:
@@ -70,5 +71,7 @@ def gpu_statistics(instances: Iterable[InstanceReport]) -> dict[str, Any]:
         "copy_out_ns": sum(i.stats.copy_out_ns for i in listed),
         "memory_bytes": sum(i.owned_bytes for i in listed),
         "pinned_bytes": sum(i.pinned_bytes for i in listed),
+        # the instances of a model share one registration: counted once
+        "registered_bytes": max((i.registered_bytes for i in listed), default=0),
         "devices": per_device,
     }
