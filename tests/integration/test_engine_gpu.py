@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 
 from lumenrt.backends.base import REGISTRY, Placement
+from lumenrt.client import HttpClient
 from lumenrt.engine.config import ConfigError, ModelConfig, TensorSpec
 from lumenrt.engine.engine import Engine, EngineConfig
 from lumenrt.engine.gpu import devices
 from lumenrt.engine.gpu.device import DeviceError
 from lumenrt.engine.request import EngineError
 from lumenrt.engine.slot_layout import DATA_AT
+from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.service import InferenceService
 from tests.fake_device import WAIT_GUARD_S, FakeDevice
 
@@ -310,6 +312,33 @@ def test_a_request_too_big_for_an_arena_slot_goes_into_a_large_slot_and_straight
         assert (
             copies["copy_rows_to_device"] == 52 and stats["gpu"]["direct_batches"] == stats["gpu"]["batches"]
         )
+        check_no_leaks(engine)
+
+
+def test_an_http_body_too_big_for_an_arena_slot_is_received_into_a_large_slot(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.txt").write_text("fake")
+    (tmp_path / "m" / "config.yaml").write_text(
+        "backend: fakegpu\nmax_batch_size: 8\ndynamic_batching: {max_queue_delay_us: 0}\n"
+        f"instance_group: [{{kind: KIND_GPU}}]\n{DIRECT}"
+        "input: [{name: x, datatype: FP32, dims: [4096]}]\noutput: [{name: y, datatype: FP32, dims: [4096]}]\n"
+    )
+    # an arena slot holds 4 rows (64 KiB); 6 rows (96 KiB, over the 64 KiB a body needs to be
+    # received in place) arrive straight into a large slot, and go to the device from there
+    settings = EngineConfig(queue_type="mpmc", thread_count=0, arena_slot_bytes=DATA_AT + (64 << 10))
+    x = np.arange(6 * 4096, dtype=np.float32).reshape(6, 4096)
+    with (
+        Engine(tmp_path, settings) as engine,
+        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None)) as st,
+        HttpClient(port=st.ports["http"]) as client,
+    ):
+        np.testing.assert_array_equal(client.infer("m", {"x": x}).outputs["y"], x * 2)
+        stats = engine.statistics("m")[0]
+        assert stats["inputs_in_place"] == 1 and stats["arena_fallbacks"] == 0
+        assert stats["large_arena"]["allocated"] == 1 and stats["large_arena"]["in_use"] == 0
+        assert stats["gpu"]["direct_batches"] == stats["gpu"]["batches"]
         check_no_leaks(engine)
 
 

@@ -490,22 +490,26 @@ class ModelRuntime:
     # ---- bodies received in place (front ends) ------------------------------------------------
 
     def receive_slot(self, payload_bytes: int) -> tuple[int, memoryview] | None:
-        """An arena slot lent to a front end to receive a request's tensor bytes into as they
-        arrive (the request's one copy), and the memory to receive them into; None when the model
-        has no arena, the payload does not fit a slot, or a quarter of the slots are already
-        lent. Give it back with ``submit(received_slot=...)`` or ``return_slot``. The view is
-        exactly ``payload_bytes`` long; slices of it must not outlive the request."""
+        """An arena slot (a large one for a bigger payload, where the model has them) lent to a
+        front end to receive a request's tensor bytes into as they arrive (the request's one
+        copy), and the memory to receive them into; None when the model has no arena, the payload
+        does not fit a slot, or a quarter of the arena's slot count is already lent. Give it back
+        with ``submit(received_slot=...)`` or ``return_slot``. The view is exactly
+        ``payload_bytes`` long; slices of it must not outlive the request."""
         arena = self.arena
         if arena is None or self.closed or self.receiving >= self._receiving_max:
             return None
-        if payload_bytes > arena.slot_bytes - DATA_AT:  # the slot's data area (received_payload)
-            return None
-        slot = arena.try_alloc()
+        large, slot = self.large, None
+        if payload_bytes <= arena.slot_bytes - DATA_AT:  # the slot's data area (received_payload)
+            slot = arena.try_alloc()
+        elif large is not None and payload_bytes <= large.slot_bytes - DATA_AT:
+            big = large.try_alloc()
+            slot = None if big is None else arena.n_slots + big
         if slot is None:
             return None
         # the one view of the slot lent (no other view shares it): releasing it at close lets the
         # region unmap (_revoke_lent)
-        payload = received_payload(arena.view(slot))[:payload_bytes]
+        payload = received_payload(self._slot_view(slot))[:payload_bytes]
         self.receiving += 1
         self._lent[slot] = payload
         return slot, payload
@@ -514,9 +518,7 @@ class ModelRuntime:
         """A slot from ``receive_slot`` whose request never reached ``submit``."""
         self.receiving -= 1
         self._lent.pop(slot, None)
-        arena = self.arena
-        if arena is not None:
-            arena.free(slot)
+        self._free_slot(slot)
 
     def _revoke_lent(self) -> None:
         """At close: the memory lent to front ends still receiving is released, so the region can
@@ -547,8 +549,8 @@ class ModelRuntime:
         finally:  # the slot is the request's now, or (refused, or copied from) freed here
             self.receiving -= 1
             self._lent.pop(received_slot, None)
-            if not adopted and self.arena is not None:
-                self.arena.free(received_slot)
+            if not adopted:
+                self._free_slot(received_slot)
 
     def _admit(
         self,
@@ -627,7 +629,7 @@ class ModelRuntime:
             received_slot >= 0
             and arena is not None
             and plan is not None
-            and adopt_inputs(arena.view(received_slot), arrays, describe=plan.required)
+            and adopt_inputs(self._slot_view(received_slot), arrays, describe=plan.required)
         ):
             req.slot = received_slot
             self.inputs_in_place += 1
@@ -684,6 +686,15 @@ class ModelRuntime:
             raise
         req.slot = arena.n_slots + slot
         return placed
+
+    def _slot_view(self, slot: int) -> memoryview:
+        """A request slot's memory: the arena's, or the large arena's past the arena's last index."""
+        arena = self.arena
+        assert arena is not None
+        if slot < arena.n_slots:
+            return arena.view(slot)
+        assert self.large is not None
+        return self.large.view(slot - arena.n_slots)
 
     def _free_slot(self, slot: int) -> None:
         """Back to its pool: the arena's, or the large arena's past the arena's last index."""
