@@ -31,7 +31,8 @@ Invariants (both pools; each pool adds its own)
   5. A synchronous caller with a deadline is answered by then (``run``): if no worker has
      answered SYNC_DEADLINE_SLACK_S past it (one stuck in the model), it gets RequestTimeout and
      its request is cancelled and parked (``_late``) with its record and slot, released once the
-     worker sets its latch (by the next synchronous call or admission that finds records short).
+     worker sets its latch (by the next synchronous call, admission that finds records short, or
+     close).
   6. A slot lent to a front end to receive a body into (``receive_slot``) is freed once: by
      ``return_slot``, or by admission (``submit(received_slot=)``), which either makes it the
      request's slot (the inputs lie in it as received: not copied) or frees it. At most a quarter
@@ -330,6 +331,8 @@ class ModelRuntime:
         self.workers.close(timeout_s)
         if self.doorbell is not None:
             self._fail_untokened()
+        if self._late:  # every request is answered by now: the parked ones come back (invariant 5)
+            self._reap_late()
         self.lane.close()
         self._revoke_lent()
         self.workers.release_memory()
