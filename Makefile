@@ -96,21 +96,24 @@ test-unit:
 	$(BIN)/pytest tests/unit
 
 # Two pytest processes at once (the server tests wait on subprocesses much of the time; each names
-# its slowest tests, to keep the two halves even), then five files alone: test_shm_lifecycle compares every segment in /dev/shm before and after;
+# its slowest tests, to keep the two halves even: BALANCE moves integration tests to the e2e half),
+# then five files alone: test_shm_lifecycle compares every segment in /dev/shm before and after;
 # perf_analyzer's runs end only once its measurement windows agree (a neighbour's load kept them
 # from agreeing once; the auth and TLS tests run it too); the haproxy test expects haproxy's health
 # checks on time.
 ALONE_E2E = tests/e2e/test_perf_analyzer.py tests/e2e/test_replicas_haproxy.py tests/e2e/test_auth_serve.py \
             tests/e2e/test_tls_serve.py
+BALANCE = tests/integration/test_bench_engine_cli.py
 test-servers:
 	$(MAKE) -j2 --output-sync=target test-e2e test-integration
 	$(BIN)/pytest --durations=10 tests/integration/test_shm_lifecycle.py $(ALONE_E2E)
 
 test-e2e:
-	$(BIN)/pytest --durations=15 tests/e2e $(addprefix --ignore=,$(ALONE_E2E))
+	$(BIN)/pytest --durations=15 tests/e2e $(BALANCE) $(addprefix --ignore=,$(ALONE_E2E))
 
 test-integration:
-	$(BIN)/pytest --durations=15 tests --ignore=tests/unit --ignore=tests/e2e --ignore=tests/integration/test_shm_lifecycle.py
+	$(BIN)/pytest --durations=15 tests --ignore=tests/unit --ignore=tests/e2e --ignore=tests/integration/test_shm_lifecycle.py \
+	  $(addprefix --ignore=,$(BALANCE))
 
 # Issue 17's GPU run on a machine with a CUDA device: tests/gpu and benchmarks/gpu.py --quick,
 # results under $OUT (default results/gpu-check); exits 2 saying why on a machine without CUDA
