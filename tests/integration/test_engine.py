@@ -364,7 +364,10 @@ def test_sync_caller_with_a_deadline_is_answered_by_it_while_the_model_hangs(
             gate.set()
         (late,) = rt._late
         assert rt.table.latches.wait(late.index, timeout_s=30)  # the model returned: answered
-        y = eng.infer("slow", {"x": np.ones((1, 2), np.float32)}, timeout_s=30).outputs["y"]
+        # the next admission (an asynchronous one: a front end's) gives the parked record back
+        y = asyncio.run(eng.infer_async("slow", {"x": np.ones((1, 2), np.float32)}, timeout_s=30)).outputs[
+            "y"
+        ]
         np.testing.assert_allclose(y, 2.0)
         assert rt.table.free == len(rt.table.records) and not rt._late
         assert rt.statistics()["arena"]["in_use"] == 0

@@ -338,6 +338,8 @@ def test_an_http_body_too_big_for_an_arena_slot_is_received_into_a_large_slot(
         stats = engine.statistics("m")[0]
         assert stats["inputs_in_place"] == 1 and stats["arena_fallbacks"] == 0
         assert stats["large_arena"]["allocated"] == 1 and stats["large_arena"]["in_use"] == 0
+        rt = engine.runtime("m")
+        assert rt.receiving == rt.receiving_large == 0  # the lend ended with the request
         assert stats["gpu"]["direct_batches"] == stats["gpu"]["batches"]
         check_no_leaks(engine)
 

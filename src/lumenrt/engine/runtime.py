@@ -31,12 +31,12 @@ Invariants (both pools; each pool adds its own)
   5. A synchronous caller with a deadline is answered by then (``run``): if no worker has
      answered SYNC_DEADLINE_SLACK_S past it (one stuck in the model), it gets RequestTimeout and
      its request is cancelled and parked (``_late``) with its record and slot, released once the
-     worker sets its latch (by the next synchronous call, admission that finds records short, or
-     close).
+     worker sets its latch (by the next admission or lent slot, or close; a worker stuck past
+     close's wait keeps its parked requests, as it keeps the region).
   6. A slot lent to a front end to receive a body into (``receive_slot``) is freed once: by
      ``return_slot``, or by admission (``submit(received_slot=)``), which either makes it the
      request's slot (the inputs lie in it as received: not copied) or frees it. At most a quarter
-     of the arena is lent at once.
+     of the arena is lent at once, and of the large arena.
 
 Shutdown order
   1. closed = True (admission refuses), the pool's ``stop``: no worker is replaced any more;
@@ -281,6 +281,8 @@ class ModelRuntime:
         self.receiving = 0
         self._lent: dict[int, memoryview] = {}  # slot -> the memory lent: released at close
         self._receiving_max = max(1, self.arena.n_slots // 4) if self.arena is not None else 0
+        self.receiving_large = 0  # of them, large slots: at most a quarter of those too
+        self._receiving_large_max = max(1, self.large.n_slots // 4) if self.large is not None else 0
         self.inputs_in_place = 0  # requests whose inputs were received in their slot: not copied
         self._late: list[InferRequest] = []  # synchronous requests answered at their deadline (invariant 5)
         self._late_lock = threading.Lock()  # taken only where _late is not empty, or to park one
@@ -395,8 +397,6 @@ class ModelRuntime:
         """Synchronous: queue the request and wait for it in this thread (polling ``spin_us``,
         then sleeping, with the GIL released from the push on). Returns it answered; the caller
         reads it, then releases it."""
-        if self._late:
-            self._reap_late()
         req = self._prepare(inputs, timeout_s, None, priority)
         refused: str | None = None
         late = False
@@ -434,13 +434,14 @@ class ModelRuntime:
     def _park(self, req: InferRequest) -> None:
         """No worker answered by the deadline: cancel the request, park it with its record and
         slot, and answer the caller with RequestTimeout (invariant 5)."""
+        waited_us = (time.monotonic_ns() - req.times.received_ns) // 1000  # before another thread may reap it
+        error = RequestTimeout(
+            f"model {self.config.name!r}: deadline passed after {waited_us} us, before a worker answered"
+        )
         self.cancel(req)  # a worker that has not taken it yet skips it
         with self._late_lock:
             self._late.append(req)
-        waited_us = (time.monotonic_ns() - req.times.received_ns) // 1000
-        raise RequestTimeout(
-            f"model {self.config.name!r}: deadline passed after {waited_us} us, before a worker answered"
-        )
+        raise error
 
     def _reap_late(self) -> None:
         """Release the parked requests whose worker has answered since (invariant 5)."""
@@ -449,7 +450,10 @@ class ModelRuntime:
             for r in done:
                 self._late.remove(r)
         for r in done:
-            self.release(r)
+            try:
+                self.workers.collect(r)  # process mode: its answer read and counted, as if awaited
+            finally:
+                self.release(r)
 
     def run_inline(
         self, inputs: Mapping[str, Any], times: StageTimes | None = None, timeout_s: float | None = None
@@ -502,10 +506,16 @@ class ModelRuntime:
         arena = self.arena
         if arena is None or self.closed or self.receiving >= self._receiving_max:
             return None
+        if self._late:
+            self._reap_late()
         large, slot = self.large, None
         if payload_bytes <= arena.slot_bytes - DATA_AT:  # the slot's data area (received_payload)
             slot = arena.try_alloc()
-        elif large is not None and payload_bytes <= large.slot_bytes - DATA_AT:
+        elif (
+            large is not None
+            and payload_bytes <= large.slot_bytes - DATA_AT
+            and self.receiving_large < self._receiving_large_max
+        ):
             big = large.try_alloc()
             slot = None if big is None else arena.n_slots + big
         if slot is None:
@@ -514,13 +524,20 @@ class ModelRuntime:
         # region unmap (_revoke_lent)
         payload = received_payload(self._slot_view(slot))[:payload_bytes]
         self.receiving += 1
+        self.receiving_large += slot >= arena.n_slots
         self._lent[slot] = payload
         return slot, payload
 
+    def _unlend(self, slot: int) -> None:
+        """A lent slot is no longer being received into (it is the request's now, or freed)."""
+        self.receiving -= 1
+        if self.arena is not None and slot >= self.arena.n_slots:
+            self.receiving_large -= 1
+        self._lent.pop(slot, None)
+
     def return_slot(self, slot: int) -> None:
         """A slot from ``receive_slot`` whose request never reached ``submit``."""
-        self.receiving -= 1
-        self._lent.pop(slot, None)
+        self._unlend(slot)
         self._free_slot(slot)
 
     def _revoke_lent(self) -> None:
@@ -542,6 +559,8 @@ class ModelRuntime:
         """Admission: refuse when unloading, validate, check the queue bound of the request's
         priority level, take a record (and a slot), stamp arrival, set the deadline from the
         level's queue policy, copy the inputs in (or adopt them where they were received)."""
+        if self._late:  # parked requests answered since give their records and slots back
+            self._reap_late()
         if received_slot < 0:
             return self._admit(inputs, timeout_s, on_done, priority, -1)
         adopted = False
@@ -550,8 +569,7 @@ class ModelRuntime:
             adopted = req.slot == received_slot
             return req
         finally:  # the slot is the request's now, or (refused, or copied from) freed here
-            self.receiving -= 1
-            self._lent.pop(received_slot, None)
+            self._unlend(received_slot)
             if not adopted:
                 self._free_slot(received_slot)
 
@@ -586,9 +604,6 @@ class ModelRuntime:
                 f"model {config.name!r}: queue full ({where}max_queue_size: {level_max} requests waiting)"
             )
         req = self.table.acquire()
-        if req is None and self._late:
-            self._reap_late()
-            req = self.table.acquire()
         if req is None:
             self.rejected += 1
             self.rejections["queue_full"] += 1
