@@ -10,10 +10,11 @@ thread pool and an unnamed memfd for the process pool (handed to workers at spaw
 
 Ingress path of a request (``submit`` / ``run``), all in the caller's thread:
   validate -> check the queue bound (max_queue_size) -> take a request record -> copy the inputs
-  once (none when a front end received them into a lent slot: ``receive_slot``), into an arena slot in the slot layout of slot_layout.py (a GPU model's request larger than a
-  slot: into a large slot of max_batch_size rows; thread pool with allocator_type "standard", or a
-  request no slot can hold: into fresh numpy arrays) -> push the request
-  descriptor (descriptors.py) -> a worker answers it (execute.py).
+  once (none when a front end received them into a lent slot: ``receive_slot``) into an arena
+  slot, in the slot layout of slot_layout.py (a GPU model's request larger than a slot: into a
+  large slot of max_batch_size rows; thread pool with allocator_type "standard", or a request no
+  slot can hold: into fresh numpy arrays) -> push the request descriptor (descriptors.py) -> a
+  worker answers it (execute.py).
 
 Invariants (both pools; each pool adds its own)
   1. Every request admission accepts gets exactly one answer: its outputs, or an EngineError saying
@@ -396,7 +397,8 @@ class ModelRuntime:
     ) -> InferRequest:
         """Synchronous: queue the request and wait for it in this thread (polling ``spin_us``,
         then sleeping, with the GIL released from the push on). Returns it answered; the caller
-        reads it, then releases it."""
+        reads it, then releases it. With a deadline the wait ends there: RequestTimeout, and the
+        request is parked (invariant 5)."""
         req = self._prepare(inputs, timeout_s, None, priority)
         refused: str | None = None
         late = False
