@@ -344,6 +344,19 @@ def test_an_http_body_too_big_for_an_arena_slot_is_received_into_a_large_slot(
         check_no_leaks(engine)
 
 
+def test_large_arena_bytes_0_leaves_big_requests_to_fresh_arrays(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
+) -> None:
+    settings = EngineConfig(
+        queue_type="mpmc", thread_count=0, arena_slot_bytes=DATA_AT + 64, large_arena_bytes=0
+    )
+    with Engine(repository(tmp_path, "[{kind: KIND_GPU}]"), settings) as engine:
+        np.testing.assert_array_equal(engine.infer("m", {"x": rows(6)}).outputs["y"], rows(6) * 2)
+        stats = engine.statistics("m")[0]
+        assert stats["large_arena"] is None and stats["arena_fallbacks"] == 1
+        check_no_leaks(engine)
+
+
 def test_a_cpu_model_has_no_large_arena(tmp_path: Path) -> None:
     settings = EngineConfig(queue_type="mpmc", thread_count=0, arena_slot_bytes=DATA_AT + 64)
     (tmp_path / "m" / "1").mkdir(parents=True)

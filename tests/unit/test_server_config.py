@@ -134,6 +134,7 @@ BROKEN = [
     ('{"engine": {"cores": [-1]}}', "engine.cores[0]", "must be >= 0"),
     ('{"engine": {"arena_slot_bytes": 8}}', "engine.arena_slot_bytes", "must be >= 64, got 8"),
     ('{"engine": {"arena_slots": 0}}', "engine.arena_slots", "must be >= 1, got 0"),
+    ('{"engine": {"large_arena_bytes": -1}}', "engine.large_arena_bytes", "must be >= 0, got -1"),
     ('{"engine": {"batch_size": 1, "batch_size": 2}}', "engine.batch_size", "given twice"),
 ]
 

@@ -293,6 +293,7 @@ class Engine:
                         pin=self.settings.pin,
                         arena_slot_bytes=self.settings.arena_slot_bytes,
                         arena_slots=self.settings.arena_slots,
+                        large_arena_bytes=self.settings.large_arena_bytes,
                         spin_us=self.settings.spin_us,
                         lane=self.settings.lane,
                         lane_max_us=self.settings.lane_max_us,

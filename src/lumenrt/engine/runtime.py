@@ -104,11 +104,6 @@ from lumenrt.native import (
 from lumenrt.placement.memory import LocalityError, bind_memory, locality, read_numa_maps, thread_policy
 
 ARENA_BUDGET_BYTES = 256 << 20  # per model, process pool; guessed: bounds shared memory for big-input models
-# A GPU model whose max_batch_size rows outgrow an arena slot gets this much more, in slots that
-# hold a whole batch (the large arena), so a big request is copied once into memory that is reused
-# (page-locked with direct copies) rather than into fresh arrays: a fresh 38.5 MB array (SqueezeNet,
-# 64 images) costs a page fault per 4 KiB page on every request. Guessed: 26 such slots.
-LARGE_ARENA_BUDGET_BYTES = 1 << 30
 ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it the record is lost
 # A synchronous caller with a deadline waits this long past it for the worker's own answer (the
 # worker expires a request it takes late) before answering itself (guessed: scheduling noise)
@@ -130,6 +125,11 @@ class RuntimeOptions:
     pin: bool = True
     arena_slot_bytes: int = 1 << 20
     arena_slots: int = 256
+    # A GPU model whose max_batch_size rows outgrow an arena slot gets up to this much more, in
+    # slots that hold a whole batch (the large arena), so a big request is copied once into memory
+    # that is reused (page-locked with direct copies) rather than into fresh arrays: a fresh 38.5 MB
+    # array (SqueezeNet, 64 images) costs a page fault per 4 KiB page on every request. 0: none.
+    large_arena_bytes: int = 1 << 30
     spin_us: int = 0  # poll before sleeping: idle workers on the ring, synchronous callers on their latch
     lane: str = "queue"  # the inline lane (engine/lane.py): queue, inline or auto
     lane_max_us: int = 30  # auto: the largest batch-1 compute that runs inline
@@ -155,11 +155,11 @@ def arena_plan(config: ModelConfig, options: RuntimeOptions, table_size: int) ->
         return ArenaPlan(slot_bytes, n, required=True)
     if options.allocator_type == "lumen_arena":
         large_bytes, large_n = 0, 0
-        if config.gpu_groups:  # a whole batch in one request: a large slot (LARGE_ARENA_BUDGET_BYTES)
+        if config.gpu_groups:  # a whole batch in one request: a large slot (large_arena_bytes)
             needed = slot_bytes_needed(config, max(config.max_batch_size, 1)) or 0
             if needed > options.arena_slot_bytes:
                 large_bytes = (needed + 4095) & ~4095
-                large_n = min(table_size, LARGE_ARENA_BUDGET_BYTES // large_bytes)
+                large_n = min(table_size, options.large_arena_bytes // large_bytes)
                 if large_n < 2:  # a batch too big for the budget: fresh arrays, as before
                     large_bytes, large_n = 0, 0
         return ArenaPlan(

@@ -5,6 +5,7 @@ The seed's keys keep their names and values under ``engine``::
     {"engine": {"queue_type": "mpmc", "allocator_type": "lumen_arena", "thread_count": 8, "batch_size": 1}}
 
 and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``arena_slots``,
+``large_arena_bytes``,
 ``spin_us``, ``lane``, ``lane_max_us``, ``placement``, ``placement_strict``, ``memory_binding`` and
 ``host_policies``
 (engine/placing.py). Every key has an effect (see the README's table); a combination without one is refused:
@@ -38,6 +39,9 @@ WORKER_MODES = ("thread", "process")
 # 1x3x224x224 FP32 input (602,112 bytes) and 256 slots bound the arena at 256 MiB.
 DEFAULT_ARENA_SLOT_BYTES = 1 << 20
 DEFAULT_ARENA_SLOTS = 256
+# GPU models whose max_batch_size rows outgrow an arena slot: slots of a whole batch, up to this
+# much per model (engine/runtime.py, ArenaPlan; 0: none). Guessed: 26 slots of 64 SqueezeNet images.
+DEFAULT_LARGE_ARENA_BYTES = 1 << 30
 MIN_ARENA_SLOT_BYTES = 64  # one cache line
 # How long an idle worker, a synchronous caller and the process-mode completion thread poll before
 # sleeping. A sleeping thread takes ~10 us to wake on the 2-core VM this was tuned on (and then
@@ -58,6 +62,7 @@ ENGINE_KEYS = (
     "cores",
     "arena_slot_bytes",
     "arena_slots",
+    "large_arena_bytes",
     "spin_us",
     "lane",
     "lane_max_us",
@@ -141,6 +146,7 @@ class EngineConfig:
     cores: tuple[int, ...] = ()  # () = the cores this process may use
     arena_slot_bytes: int = DEFAULT_ARENA_SLOT_BYTES
     arena_slots: int = DEFAULT_ARENA_SLOTS
+    large_arena_bytes: int = DEFAULT_LARGE_ARENA_BYTES
     spin_us: int = DEFAULT_SPIN_US  # poll this long before sleeping (workers, sync callers)
     lane: str = "queue"  # run small models on the ingress thread: queue | inline | auto
     lane_max_us: int = DEFAULT_LANE_MAX_US  # auto: largest batch-1 compute run inline
@@ -159,6 +165,7 @@ class EngineConfig:
         read_bool(self.pin, src, "engine.pin")
         read_int(self.arena_slot_bytes, src, "engine.arena_slot_bytes", minimum=MIN_ARENA_SLOT_BYTES)
         read_int(self.arena_slots, src, "engine.arena_slots", minimum=1)
+        read_int(self.large_arena_bytes, src, "engine.large_arena_bytes", minimum=0)
         read_int(self.spin_us, src, "engine.spin_us", minimum=0)
         read_choice(self.lane, LANES, src, "engine.lane")
         read_int(self.lane_max_us, src, "engine.lane_max_us", minimum=0)

@@ -107,6 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "  host_policies     Triton's: {name: {numa-node: 0, cpu-cores: '0-3'}} for instance_group.host_policy\n"
         "  arena_slot_bytes  thread mode: input arena slot size (default 1 MiB)\n"
         "  arena_slots       arena slots per model version (default 256)\n"
+        "  large_arena_bytes GPU models: slots of max_batch_size rows, up to this much (default 1 GiB)\n"
         "  spin_us           poll this long before sleeping                         (--spin-us)\n"
         "  lane              queue | inline | auto: small models run on the ingress thread (--lane)\n"
         "  lane_max_us       auto: largest batch-1 compute run inline (default 30)"
