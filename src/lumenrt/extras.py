@@ -15,9 +15,9 @@ import importlib.util
 
 # The import names each runtime extra provides (pyproject.toml lists their distributions; the
 # test and dev extras are tools, never imported by lumenrt; the bench extra serves a checkout's
-# benchmarks/queues.py, not the package).
+# benchmarks/queues.py and grpc_floor.py, not the package).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "bench": ("faster_fifo", "zmq"),  # benchmarks/queues.py compares against them (skipped without)
+    "bench": ("faster_fifo", "zmq", "h2"),  # benchmarks/queues.py, grpc_floor.py (skipped without)
     "dashboard": ("streamlit", "plotly"),  # `lumenrt dashboard`; plotly alone: `lumenrt bench report`
     "torch": ("torch",),  # the PyTorch backend
     "gpu": ("pynvml",),  # nvidia-ml-py: NVML figures of GPU instances (engine/gpu/torch_device.py)
