@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latency import MODEL, http_measure, lumenrt_server  # beside this file
+from latency import MODEL, _grpc_echo_main, http_measure, lumenrt_server  # beside this file
 from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.models.builtin import builtin_examples
 
@@ -36,31 +36,9 @@ REPLY = b"r" * 100  # about the size of digits_mlp's answer
 REQUEST = b"q" * 300
 
 
-def _aio_server(pipe: Any) -> None:
-    import grpc
-    import uvloop
-
-    async def infer(request: bytes, context: Any) -> bytes:
-        return REPLY
-
-    async def main() -> None:
-        server = grpc.aio.server()
-        handler = grpc.unary_unary_rpc_method_handler(
-            infer, request_deserializer=bytes, response_serializer=bytes
-        )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler}),)
-        )
-        pipe.send(server.add_insecure_port("127.0.0.1:0"))
-        await server.start()
-        while True:  # reset, or read: no server time of its own to report
-            await asyncio.get_running_loop().run_in_executor(None, pipe.recv)
-            pipe.send(None)
-
-    uvloop.run(main())
-
-
-def _h2_server(pipe: Any) -> None:
+def _h2_server(pipe: Any, reply: bytes) -> None:
+    """The h2 echo: answers ``reply``; each message on ``pipe`` is answered with the server's
+    mean time per call since the last one (µs), and resets it."""
     import h2.config
     import h2.connection
     import h2.events
@@ -68,7 +46,7 @@ def _h2_server(pipe: Any) -> None:
 
     config = h2.config.H2Configuration(client_side=False, header_encoding=None)
     work = {"ns": 0, "requests": 0}
-    framed = b"\x00" + len(REPLY).to_bytes(4, "big") + REPLY  # gRPC's length-prefixed message
+    framed = b"\x00" + len(reply).to_bytes(4, "big") + reply  # gRPC's length-prefixed message
 
     class Echo(asyncio.Protocol):
         def connection_made(self, transport: Any) -> None:
@@ -141,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds; figures are their medians")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
-    servers = {"grpc.aio": _aio_server}
+    # name -> the echo server's main (latency.py's grpc.aio echo: the same floor it measures)
+    servers: dict[str, Any] = {"grpc.aio": _grpc_echo_main}
     try:
         import h2  # noqa: F401
     except ImportError:
@@ -157,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(lambda: [(p.kill(), p.join(10)) for p, _, _ in children.values()])
         for name, target in servers.items():
             ours, theirs = ctx.Pipe()
-            process = ctx.Process(target=target, args=(theirs,), daemon=True)
+            process = ctx.Process(target=target, args=(theirs, REPLY), daemon=True)
             process.start()
             children[name] = (process, ours, ours.recv())
         for r in range(args.repeats):
@@ -166,11 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                     rounds[name].append((*_http_round(http_port, args.n), None))
                     continue
                 process, pipe, port = children[name]
-                pipe.send("reset")
-                pipe.recv()
+                timed = name == "h2"  # the grpc.aio echo times nothing (and stops on a message)
+                if timed:
+                    pipe.send("reset")
+                    pipe.recv()
                 p50, p99 = _grpc_round(port, args.n)
-                pipe.send("read")
-                rounds[name].append((p50, p99, pipe.recv()))
+                if timed:
+                    pipe.send("read")
+                rounds[name].append((p50, p99, pipe.recv() if timed else None))
     rows = {}
     for name, values in rounds.items():
         p50 = statistics.median(v[0] for v in values)
