@@ -172,9 +172,14 @@ def _stalling_server(tmp_path: Path, stall_at: int) -> ServeProcess:
 def test_open_loop_records_the_queueing_a_stall_causes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str
 ) -> None:
-    load = ["--rate", str(RATE_PER_S)] if mode == "open" else ["--concurrency", "1"]
-    # the stall comes after the 0.1 s warm-up in both modes (closed loop: thousands of calls a second)
-    with _stalling_server(tmp_path, stall_at=150 if mode == "open" else 1000) as server:
+    # open loop: the stall comes at 0.75 s, after the 0.1 s warm-up, whatever the machine's speed;
+    # closed loop: no warm-up, so the 100th call is measured however slowly this machine makes it
+    load = (
+        ["--rate", str(RATE_PER_S), "--warmup-s", "0.1"]
+        if mode == "open"
+        else ["--concurrency", "1", "--warmup-s", "0"]
+    )
+    with _stalling_server(tmp_path, stall_at=150 if mode == "open" else 100) as server:
         summary = _run(
             capsys,
             tmp_path,
@@ -185,8 +190,6 @@ def test_open_loop_records_the_queueing_a_stall_causes(
             "--model",
             "stall",
             *load,
-            "--warmup-s",
-            "0.1",
             "--duration-s",
             "2",
         )
