@@ -188,13 +188,13 @@ def test_rejections_are_split_by_reason() -> None:
 
 
 def test_gauges_read_the_state_at_scrape_time() -> None:
-    rt = runtime(queued=7, arena={"in_use": 5, "n_slots": 64}, workers_ready=2)
+    rt = runtime(queued=7, arena={"in_use": 5, "n_slots": 64}, large_arena={"in_use": 2}, workers_ready=2)
     service = InferenceService(FakeEngine(rt))  # type: ignore[arg-type]
     service.in_flight = 9
     families = scrape(service)
     assert value(families["lumenrt_queue_depth"], "lumenrt_queue_depth") == 7
     assert value(families["nv_inference_pending_request_count"], "nv_inference_pending_request_count") == 7
-    assert value(families["lumenrt_arena_slots_in_use"], "lumenrt_arena_slots_in_use") == 5
+    assert value(families["lumenrt_arena_slots_in_use"], "lumenrt_arena_slots_in_use") == 5 + 2
     assert value(families["lumenrt_workers_ready"], "lumenrt_workers_ready") == 2
     assert value(families["lumenrt_in_flight_requests"], "lumenrt_in_flight_requests") == 9
 

@@ -289,14 +289,16 @@ class ServiceCollector:
             "lumenrt_queue_depth", "Requests waiting for a worker, every priority level", labels=MODEL_LABELS
         )
         slots = GaugeMetricFamily(
-            "lumenrt_arena_slots_in_use", "Arena slots held by requests in flight", labels=MODEL_LABELS
+            "lumenrt_arena_slots_in_use",
+            "Arena slots held by requests in flight (a GPU model's large arena included)",
+            labels=MODEL_LABELS,
         )
         ready = GaugeMetricFamily("lumenrt_workers_ready", "Workers loaded and running", labels=MODEL_LABELS)
         for m in models:
             s = m.stats
             depth.add_metric(m.labels, int(s.get("queued", 0)))
-            arena = s.get("arena") or {}
-            slots.add_metric(m.labels, int(arena.get("in_use", 0)))
+            arena, large = s.get("arena") or {}, s.get("large_arena") or {}
+            slots.add_metric(m.labels, int(arena.get("in_use", 0)) + int(large.get("in_use", 0)))
             ready.add_metric(m.labels, int(s.get("workers_ready", 0)))
         local = GaugeMetricFamily(
             "lumenrt_worker_memory_local_ratio",
