@@ -40,7 +40,7 @@ WORKER_MODES = ("thread", "process")
 DEFAULT_ARENA_SLOT_BYTES = 1 << 20
 DEFAULT_ARENA_SLOTS = 256
 # GPU models whose max_batch_size rows outgrow an arena slot: slots of a whole batch, up to this
-# much per model (engine/runtime.py, ArenaPlan; 0: none). Guessed: 26 slots of 64 SqueezeNet images.
+# much per model (engine/runtime.py, ArenaPlan; 0: none). Guessed: 27 slots of 64 SqueezeNet images.
 DEFAULT_LARGE_ARENA_BYTES = 1 << 30
 MIN_ARENA_SLOT_BYTES = 64  # one cache line
 # How long an idle worker, a synchronous caller and the process-mode completion thread poll before
