@@ -657,14 +657,14 @@ class ModelRuntime:
         if arena is not None and plan is not None:
             describe = plan.required
             if describe or all(a.dtype != np.object_ for a in arrays.values()):
-                if self.large is not None and payload_bytes(arrays) > arena.slot_bytes - DATA_AT:
-                    in_large = self._take_large(req, arrays)
-                    if in_large is not None:
-                        return in_large
-                    self.arena_fallbacks += 1
-                    return {name: np.array(a, copy=True) for name, a in arrays.items()}
-                slot = arena.try_alloc()
-                if slot is None and plan.required:
+                large = self.large  # a GPU model's request too big for an arena slot: a large one
+                if large is not None and payload_bytes(arrays) > arena.slot_bytes - DATA_AT:
+                    placed = self._take_slot(large, arena.n_slots, req, arrays, describe)
+                else:
+                    placed = self._take_slot(arena, 0, req, arrays, describe)
+                if placed is not None:
+                    return placed
+                if plan.required:
                     self.rejected += 1
                     self.rejections["queue_full"] += 1
                     raise QueueFull(
@@ -672,39 +672,30 @@ class ModelRuntime:
                         f"per request in flight, {arena.slot_bytes} bytes each: max_batch_size rows of "
                         f"every tensor; the arena is capped at {ARENA_BUDGET_BYTES >> 20} MiB per model)"
                     )
-                if slot is not None:
-                    try:
-                        placed = write_inputs(arena.view(slot), arrays, describe=describe)
-                    except SlotTooSmall as e:
-                        arena.free(slot)
-                        if plan.required:
-                            raise InvalidInput(f"model {self.config.name!r}: {e}") from None
-                    except BaseException:
-                        arena.free(slot)
-                        raise
-                    else:
-                        req.slot = slot
-                        return placed
             self.arena_fallbacks += 1
         return {name: np.array(a, copy=True) for name, a in arrays.items()}
 
-    def _take_large(self, req: InferRequest, arrays: dict[str, Array]) -> dict[str, Array] | None:
-        """A request too big for an arena slot into a large one (thread pool: no header); None
-        when every large slot is in use or it does not fit one either (max_batch_size rows)."""
-        large, arena = self.large, self.arena
-        assert large is not None and arena is not None
-        slot = large.try_alloc()
+    def _take_slot(
+        self, pool: SlabPool, base: int, req: InferRequest, arrays: dict[str, Array], describe: bool
+    ) -> dict[str, Array] | None:
+        """The inputs written into a free slot of ``pool`` (the request's slot: ``base`` + its
+        index), or None when none is free or they do not fit one (the process pool refuses that
+        request: InvalidInput)."""
+        slot = pool.try_alloc()
         if slot is None:
             return None
         try:
-            placed = write_inputs(large.view(slot), arrays, describe=False)
-        except SlotTooSmall:
-            large.free(slot)
+            placed = write_inputs(pool.view(slot), arrays, describe=describe)
+        except SlotTooSmall as e:
+            pool.free(slot)
+            plan = self._arena_plan
+            if plan is not None and plan.required:
+                raise InvalidInput(f"model {self.config.name!r}: {e}") from None
             return None
         except BaseException:
-            large.free(slot)
+            pool.free(slot)
             raise
-        req.slot = arena.n_slots + slot
+        req.slot = base + slot
         return placed
 
     def _slot_view(self, slot: int) -> memoryview:
