@@ -55,6 +55,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "batch_size": (4, 4),
     "spin_us": (10, 10),
     "lane": ("queue", "queue"),
+    "batching": ("fixed", "fixed"),
     "no_pin": (True, True),
     "placement": ("pack", "pack"),
     "placement_strict": (True, True),

@@ -15,6 +15,10 @@ one worker gathering every request while another sits idle halves throughput; me
 `benchmarks/serve.py` (perf_analyzer, concurrency 4): batches of 3-4 on one worker, the other idle.
 ``IdleBoard`` is how batchers see each other: one flag per worker, written only by its owner.
 
+Adaptive batching (``BatchPolicy.adaptive``, batch_cost.py): every rule above applies under a cap,
+the row count whose cost per row this worker measured lowest (``ran`` reports each batch's time);
+the first request of a batch is taken whole whatever the cap.
+
 tests/unit/test_batcher.py checks each rule above against a scripted source and clock. A ring
 closed and drained while a batch forms ends that batch, which still runs (``_more``); the next
 ``next_batch`` raises RingClosed, so requests still queued at close run before the worker ends.
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from lumenrt.engine.batch_cost import BatchCost
 from lumenrt.engine.descriptors import request_rows
 from lumenrt.native import Item, Latches, Ring, RingClosed
 
@@ -36,6 +41,7 @@ class BatchPolicy:
     max_rows: int  # max_batch_size, or 1 for a model without a batch dimension
     max_queue_delay_ns: int = 0
     preferred_rows: frozenset[int] = frozenset()
+    adaptive: bool = False  # engine.batching 'adaptive': batches capped at the cheapest size per row
 
 
 class Source(Protocol[T]):
@@ -171,6 +177,19 @@ class Batcher(Generic[T]):
         self._me = me
         self._carry: list[T] = []  # taken from the ring but not fitting the last batch
         self._drained = False  # the ring was found closed and empty while a batch formed
+        self.cost = BatchCost(policy.max_rows) if policy.adaptive and policy.max_rows > 1 else None
+        self._max_rows = policy.max_rows  # this batch's bound: the policy's, or the adaptive cap
+        self._rows = 0  # rows of the batch last formed
+
+    def ran(self, ns: int) -> None:
+        """The batch last formed took ``ns`` to run and answer (adaptive batching learns from it)."""
+        if self.cost is not None:
+            self.cost.observe(self._rows, ns)
+
+    def _bound(self) -> int:
+        cost = self.cost
+        self._max_rows = self._policy.max_rows if cost is None else cost.limit()
+        return self._max_rows
 
     def _take_first(self) -> T:
         if self._carry:
@@ -187,6 +206,7 @@ class Batcher(Generic[T]):
     def next_batch(self) -> list[T]:
         """Blocks for the first request; raises RingClosed once the ring is closed and drained."""
         first = self._take_first()
+        self._bound()
         return self._fill(first, time.monotonic_ns())
 
     def try_next_batch(self) -> list[T]:
@@ -201,15 +221,16 @@ class Batcher(Generic[T]):
             if not taken:
                 return []
             first = taken[0]
-        policy = self._policy
+        max_rows = self._bound()
         batch, rows = self._with_carry(first)
-        if rows < policy.max_rows and not self._carry:
-            self._add(batch, self._more(policy.max_rows - rows, 0), rows)
+        if rows < max_rows and not self._carry:
+            rows = self._add(batch, self._more(max_rows - rows, 0), rows)
+        self._rows = rows
         return batch
 
     def _with_carry(self, first: T) -> tuple[list[T], int]:
         """``first`` and the carried requests that fit after it."""
-        source, max_rows = self._source, self._policy.max_rows
+        source, max_rows = self._source, self._max_rows
         batch = [first]
         rows = source.rows(first)
         while self._carry and rows + source.rows(self._carry[0]) <= max_rows:
@@ -219,10 +240,15 @@ class Batcher(Generic[T]):
         return batch, rows
 
     def _fill(self, first: T, t_first_ns: int) -> list[T]:
-        policy, source = self._policy, self._source
         batch, rows = self._with_carry(first)
-        if rows >= policy.max_rows or self._carry:
-            return batch
+        self._rows = self._gather(batch, rows, t_first_ns)
+        return batch
+
+    def _gather(self, batch: list[T], rows: int, t_first_ns: int) -> int:
+        """Add to ``batch`` (``rows`` so far) by the rules at the top; returns its rows."""
+        policy, source, max_rows = self._policy, self._source, self._max_rows
+        if rows >= max_rows or self._carry:
+            return rows
         board = self._board
         if board is not None:
             peers = board.idle_peers(self._me)
@@ -231,21 +257,21 @@ class Batcher(Generic[T]):
                 # idle peers, or among all workers when every one is busy: they finish soon)
                 share = -(-(rows + source.waiting()) // (peers + 1 if peers else len(board.flags)))
                 if share > rows:
-                    self._add(batch, self._more(min(share, policy.max_rows) - rows, 0), rows)
-                return batch
+                    rows = self._add(batch, self._more(min(share, max_rows) - rows, 0), rows)
+                return rows
         deadline_ns = t_first_ns + policy.max_queue_delay_ns
-        while rows < policy.max_rows:
+        while rows < max_rows:
             wait_s = (deadline_ns - time.monotonic_ns()) / 1e9
             if wait_s <= 0 or (rows in policy.preferred_rows and source.waiting() == 0):
-                more = self._more(policy.max_rows - rows, 0)
+                more = self._more(max_rows - rows, 0)
                 if not more:
                     break
             else:
-                more = self._more(policy.max_rows - rows, wait_s)
+                more = self._more(max_rows - rows, wait_s)
             rows = self._add(batch, more, rows)
             if self._carry or self._drained:
                 break
-        return batch
+        return rows
 
     def _more(self, max_n: int, timeout_s: float) -> list[T]:
         """Requests to add to a batch already started: a ring closed and drained meanwhile ends
@@ -260,7 +286,7 @@ class Batcher(Generic[T]):
 
     def _add(self, batch: list[T], more: list[T], rows: int) -> int:
         """Append what fits (each item has >= 1 row); carry the rest over. Returns the rows."""
-        source, max_rows = self._source, self._policy.max_rows
+        source, max_rows = self._source, self._max_rows
         for item in more:
             if rows + source.rows(item) > max_rows:
                 self._carry.append(item)

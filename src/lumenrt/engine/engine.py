@@ -297,6 +297,7 @@ class Engine:
                         spin_us=self.settings.spin_us,
                         lane=self.settings.lane,
                         lane_max_us=self.settings.lane_max_us,
+                        batching=self.settings.batching,
                         worker_mode=self.settings.worker_mode,
                     ),
                 )

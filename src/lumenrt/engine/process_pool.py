@@ -169,6 +169,7 @@ class ProcessPool:
                 hold_bytes=hold_bytes,
                 table_size=table_size,
                 spin_ns=runtime.options.spin_us * 1000,
+                adaptive=runtime.options.batching == "adaptive",
             )
             for i, p in enumerate(placements)
         ]

@@ -14,6 +14,7 @@ the server, which drains and then stops its workers itself.
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class WorkerSpec:
     hold_bytes: int
     table_size: int
     spin_ns: int = 0  # an idle worker polls the request ring this long before sleeping
+    adaptive: bool = False  # engine.batching 'adaptive' (batch_cost.py)
 
 
 class HeldSource:
@@ -136,7 +138,7 @@ def worker_main(spec: WorkerSpec) -> None:
         )
         raise SystemExit(LOAD_FAILED) from None
     status[spec.index, :2] = (os.getpid(), READY)
-    batcher = Batcher(HeldSource(requests, region, hold_offset), batch_policy(config))
+    batcher = Batcher(HeldSource(requests, region, hold_offset), batch_policy(config, spec.adaptive))
     plan = batch_plan(config)
     sink = SlotSink(config, completions, latches, hold_ids, cancel, status[spec.index])
     try:
@@ -145,9 +147,11 @@ def worker_main(spec: WorkerSpec) -> None:
                 batch = batcher.next_batch()
             except RingClosed:
                 break
+            start_ns = time.monotonic_ns()
             execute_batch(
                 plan, session, [HeldRequest(item, pos, pool.view(item.slot)) for item, pos in batch], sink
             )
+            batcher.ran(time.monotonic_ns() - start_ns)
     finally:
         status[spec.index, 1] = EXITED
         session.close()

@@ -66,12 +66,14 @@ ENGINE_KEYS = (
     "spin_us",
     "lane",
     "lane_max_us",
+    "batching",
     "placement",
     "placement_strict",
     "memory_binding",
     "host_policies",
 )
 LANES = ("queue", "inline", "auto")  # engine/lane.py
+BATCHINGS = ("fixed", "adaptive")  # engine/batch_cost.py
 # auto: a model whose batch-1 compute is at most this runs inline. Guessed from one
 # measurement on the 2-core VM: a worker hand-off and return costs ~30-60 us there, so a model
 # under ~30 us spends more time being handed over than computing.
@@ -150,6 +152,7 @@ class EngineConfig:
     spin_us: int = DEFAULT_SPIN_US  # poll this long before sleeping (workers, sync callers)
     lane: str = "queue"  # run small models on the ingress thread: queue | inline | auto
     lane_max_us: int = DEFAULT_LANE_MAX_US  # auto: largest batch-1 compute run inline
+    batching: str = "fixed"  # adaptive: batches capped at the size cheapest per row (batch_cost.py)
     placement: str = "auto"  # spread | pack | node:N | roundrobin (see PLACEMENTS); resolved at construction
     placement_strict: bool = False  # refuse a plan that must shrink or share CPUs (placement/plan.py)
     memory_binding: str = "bind"  # bind | first_touch (MEMORY_BINDINGS)
@@ -169,6 +172,7 @@ class EngineConfig:
         read_int(self.spin_us, src, "engine.spin_us", minimum=0)
         read_choice(self.lane, LANES, src, "engine.lane")
         read_int(self.lane_max_us, src, "engine.lane_max_us", minimum=0)
+        read_choice(self.batching, BATCHINGS, src, "engine.batching")
         read_bool(self.placement_strict, src, "engine.placement_strict")
         read_choice(self.memory_binding, MEMORY_BINDINGS, src, "engine.memory_binding")
         if not isinstance(self.host_policies, tuple):  # the file's form ({name: {numa-node: 0}})

@@ -55,6 +55,7 @@ class ThreadPool:
                 table=runtime.table,
                 pin=runtime.options.pin,
                 board=board,
+                adaptive=runtime.options.batching == "adaptive" and p.gpu < 0,
                 levels=runtime.level_rings if runtime.doorbell is not None else None,
                 doorbell=runtime.doorbell,
                 requeue=runtime.requeue if runtime.delays else None,

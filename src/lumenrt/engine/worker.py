@@ -104,7 +104,8 @@ def zeros_for(config: ModelConfig, rows: int) -> dict[str, Array]:
     return out
 
 
-def batch_policy(config: ModelConfig) -> BatchPolicy:
+def batch_policy(config: ModelConfig, adaptive: bool = False) -> BatchPolicy:
+    """The model's batching rules; ``adaptive``: engine.batching 'adaptive' (batch_cost.py)."""
     db = config.dynamic_batching
     if db is None or config.max_batch_size == 0:  # no dynamic batching: every request runs alone
         return BatchPolicy(max_rows=1 if config.max_batch_size == 0 else config.max_batch_size)
@@ -112,6 +113,7 @@ def batch_policy(config: ModelConfig) -> BatchPolicy:
         max_rows=config.max_batch_size,
         max_queue_delay_ns=db.max_queue_delay_us * 1000,
         preferred_rows=frozenset(db.preferred_batch_size),
+        adaptive=adaptive,
     )
 
 
@@ -150,6 +152,7 @@ class ThreadWorker:
         table: RequestTable,
         pin: bool,
         board: IdleBoard | None = None,
+        adaptive: bool = False,
         levels: list[Ring] | None = None,
         doorbell: Ring | None = None,
         requeue: Callable[[InferRequest], bool] | None = None,
@@ -158,7 +161,9 @@ class ThreadWorker:
         """``levels`` and ``doorbell``: the priority rings (batcher.PrioritySource), when the model
         has more than one priority level; ``ring`` is then the first level's. ``requeue``: a level's
         timeout_action is DELAY (batcher.DelayingSource). ``host_memory``: the region holding the
-        model's arena (a GPU instance with direct copies registers it with its device)."""
+        model's arena (a GPU instance with direct copies registers it with its device).
+        ``adaptive``: engine.batching 'adaptive' (batch_cost.py; CPU instances: a GPU instance's
+        batches overlap on its device, so its time per batch is not its cost)."""
         self.index = index
         self._board = board
         self.config = config
@@ -177,7 +182,7 @@ class ThreadWorker:
         self._host_memory = host_memory
         self._table = table
         self._pin = pin
-        self._policy = batch_policy(config)
+        self._policy = batch_policy(config, adaptive)
         self._signal: list[int] = []  # requests completed, latches set at the next take
         self._thread = threading.Thread(target=self._run, name=f"lumenrt-{config.name}-w{index}", daemon=True)
 
@@ -258,7 +263,9 @@ class CpuServing:
                 items = batcher.next_batch()  # sets the latches of the last batch first
             except RingClosed:
                 return
+            start_ns = time.monotonic_ns()
             execute_batch(self._plan, self._session, current_records(items, records), sink)
+            batcher.ran(time.monotonic_ns() - start_ns)
 
     def close(self) -> None:
         self._session.close()

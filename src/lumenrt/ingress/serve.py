@@ -110,7 +110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "  large_arena_bytes GPU models: slots of max_batch_size rows, up to this much (default 1 GiB)\n"
         "  spin_us           poll this long before sleeping                         (--spin-us)\n"
         "  lane              queue | inline | auto: small models run on the ingress thread (--lane)\n"
-        "  lane_max_us       auto: largest batch-1 compute run inline (default 30)"
+        "  lane_max_us       auto: largest batch-1 compute run inline (default 30)\n"
+        "  batching          fixed | adaptive: CPU batches capped at the size cheapest per row (--batching)"
     )
     where = p.add_argument_group("where to listen")
     where.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -194,6 +195,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"the inline lane (default {SERVE_LANE}): 'auto' runs a model whose batch-1 compute is "
         "at most lane_max_us on the thread that received the request whenever its queue is empty; "
         "'inline' does so for every model; 'queue' hands every request to the workers",
+    )
+    eng.add_argument(
+        "--batching",
+        choices=("fixed", "adaptive"),
+        help="dynamic batching on CPU workers (default fixed): 'fixed' forms batches as "
+        "each model's config says; 'adaptive' does the same, but no larger than the batch size whose "
+        "time per row the worker measured lowest (larger and smaller sizes are tried now and then)",
     )
     eng.add_argument("--no-pin", action="store_true", help="do not pin workers to cores")
     eng.add_argument(
@@ -375,6 +383,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                 "batch_size": args.batch_size,
                 "spin_us": args.spin_us,
                 "lane": args.lane,
+                "batching": args.batching,
                 "pin": False if args.no_pin else None,
                 "placement": args.placement,
                 "placement_strict": args.placement_strict,
