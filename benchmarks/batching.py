@@ -59,8 +59,13 @@ def batch_sizes(http: str, model: str) -> dict[int, tuple[int, float]]:
     return sizes
 
 
-def turn(model: str, mode: str, concurrency: list[int], seconds: float, out: Path) -> dict[str, Any]:
-    extra = ("--placement", "roundrobin") if model == "squeezenet" else ()
+def turn(
+    model: str, mode: str, concurrency: list[int], seconds: float, out: Path, workers: int
+) -> dict[str, Any]:
+    if workers:
+        extra: tuple[str, ...] = ("--workers", str(workers))
+    else:
+        extra = ("--placement", "roundrobin") if model == "squeezenet" else ()
     with start_serve("--models", model, "--batching", mode, *extra, cwd=str(ROOT)) as server:
         rows = {c: drive(server.http_url, model, c, seconds, out) for c in concurrency}
         return {"rows": rows, "batch_sizes": batch_sizes(server.http_url, model)}
@@ -72,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
     p.add_argument("--rounds", type=int, default=2, help="turns of each mode (default 2)")
     p.add_argument("--load-s", type=float, default=8.0, help="seconds per load run (default 8)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="workers per model (serve --workers N, placed round-robin); default: SqueezeNet one per "
+        "usable CPU, digits_mlp planned. On many CPUs, fewer workers than clients let batches form",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "results")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -81,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
         "rounds": args.rounds,
         "load_s": args.load_s,
+        "workers": args.workers,
         "models": {},
     }
     for model in args.models:
         turns: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
         for _ in range(args.rounds):
             for mode in MODES:
-                turns[mode].append(turn(model, mode, args.concurrency, args.load_s, args.out))
+                turns[mode].append(turn(model, mode, args.concurrency, args.load_s, args.out, args.workers))
         table: dict[str, dict[str, Any]] = {}
         if model == "squeezenet":
             raw = best_raw("batching", "squeezenet", [1], Phase(1.0, args.load_s)).throughput_per_s or 0.0

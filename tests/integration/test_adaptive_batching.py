@@ -1,11 +1,13 @@
 """Adaptive batching (engine.batching, engine/batch_cost.py) through a real engine, in both worker
 modes: one test body, the same requests, two Python models whose time depends on the batch's rows
-the way measured models' does. ``dear`` takes 2 ms alone and 3 ms a row in any batch (SqueezeNet in
-the server: batching costs); ``cheap`` takes 4 ms plus 1 ms a row (batching pays).
-Each run sends 8 requests one at a time (a model in service), then queues 96 one-row requests at
-once on one worker, so the batcher could always form
-batches of 8; what it formed is read from the statistics (``batch_rows``). The margins (a third
-dearer a row, or under a third the cost) are far wider than a sleep's jitter."""
+the way measured models' does, with wide margins. ``dear`` takes 2 ms alone and 6 ms a row in any
+batch (batching costs, as SqueezeNet's did on this VM at times); ``cheap`` takes 10 ms plus 0.5 ms
+a row (batching pays). Each run sends 8 requests one at a time (a model in service), then queues
+200 one-row requests at once on one worker, so the batcher could always form batches of 8; what
+it formed is read from the statistics (``batch_rows``). The exact rules are the scripted unit
+tests' (tests/unit/test_batch_cost.py); these check that both pools apply them to real batches.
+A delay the machine adds to a batch (a busy CI runner) makes single requests look dearer a row,
+so the margins are wide: 3x a row for ``dear``, 6x for ``cheap``."""
 
 import asyncio
 from pathlib import Path
@@ -29,10 +31,10 @@ class Model:
         return {{"y": inputs["x"] * 2}}
 """
 COSTS = {
-    "dear": "0.002 if rows == 1 else 0.003 * rows",
-    "cheap": "0.004 + 0.001 * rows",
+    "dear": "0.002 if rows == 1 else 0.006 * rows",
+    "cheap": "0.010 + 0.0005 * rows",
 }
-REQUESTS = 96
+REQUESTS = 200
 WARM = 8
 
 
@@ -89,10 +91,8 @@ def test_fixed_batching_forms_big_batches_whatever_they_cost(repo: Path, mode: s
 
 def test_adaptive_batching_runs_single_requests_where_batching_costs(repo: Path, mode: str) -> None:
     rows = run(repo, mode, "adaptive", "dear")
-    # the second batch probes 8 rows, finds them dearer a row, and the cap stays at 1 (the next
-    # upward probe is 32 batches on: at most 2 more)
-    assert in_batches_over(rows, 1) <= 3 * 8
-    assert rows[1] >= REQUESTS - 3 * 8
+    assert in_batches_over(rows, 1) >= 1  # an upward probe ran (one in 32 batches)...
+    assert rows.get(1, 0) >= (WARM + REQUESTS) * 3 // 4  # ...and was not taken up
 
 
 def test_adaptive_batching_forms_big_batches_where_batching_pays(repo: Path, mode: str) -> None:

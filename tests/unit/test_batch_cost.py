@@ -34,7 +34,7 @@ def run(batcher: Batcher[int], cost: Callable[[int], int], batches: int) -> Coun
     sizes: Counter[int] = Counter()
     for _ in range(batches):
         rows = sum(batcher.next_batch())
-        batcher.ran(cost(rows))
+        batcher.ran(cost(rows), rows)
         sizes[rows] += 1
     return sizes
 
@@ -111,7 +111,7 @@ def test_the_cap_never_splits_or_refuses_a_request(scripted: Scripted) -> None:
     assert batcher.cost.best == 1
     batcher.cost.limit(), batcher.cost.limit()  # past the opening upward probe
     assert batcher.next_batch() == [5]  # first of its batch: runs whole, over the cap
-    batcher.ran(costs(5))
+    batcher.ran(costs(5), 5)
     assert batcher.next_batch() == [1]
 
 
@@ -132,13 +132,32 @@ def test_a_model_whose_rows_cost_less_than_the_measurement_can_tell_is_not_cappe
     assert later.most_common(1)[0][0] == 1
 
 
+def test_an_uncapped_models_best_size_is_measured_again_and_a_slowdown_caps_it() -> None:
+    cost = BatchCost(8)
+    for rows, per_row in ((1, MIN_ROW_NS // 20), (4, MIN_ROW_NS // 40), (8, MIN_ROW_NS // 20)):
+        cost.observe(rows, rows * per_row)
+    assert cost.best == 4 and cost.small  # a middle size best, never formed while uncapped...
+    for _ in range(3 * PROBE_EVERY):  # ...but for the downward probes; now 3 ms a row at any size
+        rows = cost.limit()
+        cost.observe(rows, rows * 3 * MIN_ROW_NS)
+    assert not cost.small
+
+
+def test_a_batch_that_did_not_run_whole_teaches_nothing(scripted: Scripted) -> None:
+    batcher = adaptive(scripted)
+    rows = sum(batcher.next_batch())
+    batcher.ran(5, rows - 1)  # one of its requests expired: the batch was quick, and short
+    batcher.ran(5, 0)  # none ran
+    assert batcher.cost is not None and batcher.cost.costs() == {}
+    batcher.ran(costs(rows), rows)
+    assert batcher.cost.costs() == {rows: costs(rows) / rows}
+
+
 @pytest.mark.parametrize("adaptive_policy", [False, True])
-def test_a_fixed_policy_forms_the_same_batches_whatever_it_is_told(
-    scripted: Scripted, adaptive_policy: bool
-) -> None:
+def test_only_an_adaptive_policy_listens_to_costs(scripted: Scripted, adaptive_policy: bool) -> None:
     batcher = Batcher(scripted(queued=[1] * 800), BatchPolicy(max_rows=8, adaptive=adaptive_policy))
     sizes = run(batcher, costs, 100)
-    if adaptive_policy:
+    if adaptive_policy:  # single requests, but for the upward probes
         assert sizes[1] > sizes[8]
     else:
         assert sizes == {8: 100}

@@ -96,9 +96,10 @@ def test_each_request_gets_exactly_its_own_rows() -> None:
     batch = [Req(np.full((n, 2), i, np.float32)) for i, n in enumerate((1, 3, 2))]
     sink = RecordingSink()
     session = Doubler()
-    execute_batch(plan([2]), session, batch, sink)  # type: ignore[arg-type]
+    ran = execute_batch(plan([2]), session, batch, sink)  # type: ignore[arg-type]
     assert_each_answered_once(sink, batch)
     assert session.calls == 1 and sink.batches == [(3, 6)]
+    assert ran == 6  # the rows of its one model call (what adaptive batching learns from)
     for i, r in enumerate(batch):
         kind, y = sink.answers[id(r)][0]
         assert kind == "ok"
@@ -109,15 +110,23 @@ def test_cancelled_and_expired_are_answered_and_never_run() -> None:
     batch = [Req(np.ones((1, 2), np.float32), cancelled=True), Req(np.ones((1, 2), np.float32), expired=True)]
     sink = RecordingSink()
     session = Doubler()
-    execute_batch(plan([2]), session, batch, sink)  # type: ignore[arg-type]
+    ran = execute_batch(plan([2]), session, batch, sink)  # type: ignore[arg-type]
     assert_each_answered_once(sink, batch)
-    assert session.calls == 0 and sink.batches == []
+    assert session.calls == 0 and sink.batches == [] and ran == 0
+
+
+def test_a_batch_with_a_request_not_run_reports_no_rows() -> None:
+    batch = [Req(np.ones((1, 2), np.float32), expired=True), Req(np.ones((2, 2), np.float32))]
+    sink = RecordingSink()
+    ran = execute_batch(plan([2]), Doubler(), batch, sink)  # type: ignore[arg-type]
+    assert_each_answered_once(sink, batch)
+    assert sink.batches == [(1, 2)] and ran == 0  # 2 rows ran of the 3 formed: not its cost
 
 
 def test_a_model_error_fails_its_group_with_the_models_message() -> None:
     batch = [Req(np.ones((1, 2), np.float32)) for _ in range(3)]
     sink = RecordingSink()
-    execute_batch(plan([2]), Doubler(fail=True), batch, sink)  # type: ignore[arg-type]
+    assert execute_batch(plan([2]), Doubler(fail=True), batch, sink) == 0  # type: ignore[arg-type]
     assert_each_answered_once(sink, batch)
     assert all(
         got[0][0] == "error" and "injected: the model failed" in got[0][1] for got in sink.answers.values()
@@ -141,7 +150,7 @@ def test_a_gather_error_fails_the_batch(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(execute_module, "gather", broken)
     batch = [Req(np.ones((1, 2), np.float32)) for _ in range(2)]
     sink = RecordingSink()
-    execute_batch(plan([2]), Doubler(), batch, sink)  # type: ignore[arg-type]
+    assert execute_batch(plan([2]), Doubler(), batch, sink) == 0  # type: ignore[arg-type]
     assert_each_answered_once(sink, batch)
     assert all("injected: gathering failed" in got[0][1] for got in sink.answers.values())
 
@@ -150,7 +159,7 @@ def test_requests_of_different_variable_shapes_run_as_separate_groups() -> None:
     batch = [Req(np.ones((1, w), np.float32)) for w in (3, 5, 3)]
     sink = RecordingSink()
     session = Doubler()
-    execute_batch(plan([-1]), session, batch, sink)  # type: ignore[arg-type]
+    ran = execute_batch(plan([-1]), session, batch, sink)  # type: ignore[arg-type]
     assert_each_answered_once(sink, batch)
-    assert session.calls == 2 and sorted(sink.batches) == [(1, 1), (2, 2)]
+    assert session.calls == 2 and sorted(sink.batches) == [(1, 1), (2, 2)] and ran == 0
     assert all(sink.answers[id(r)][0][1].shape == r.x.shape for r in batch)

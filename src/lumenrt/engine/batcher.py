@@ -181,10 +181,13 @@ class Batcher(Generic[T]):
         self._max_rows = policy.max_rows  # this batch's bound: the policy's, or the adaptive cap
         self._rows = 0  # rows of the batch last formed
 
-    def ran(self, ns: int) -> None:
-        """The batch last formed took ``ns`` to run and answer (adaptive batching learns from it)."""
-        if self.cost is not None:
-            self.cost.observe(self._rows, ns)
+    def ran(self, ns: int, rows: int) -> None:
+        """The batch last formed took ``ns`` to run and answer, in one model call of ``rows`` rows
+        (execute_batch's count). Adaptive batching learns from it only when that is every row
+        formed: a batch with requests answered without running (expired, cancelled, failed, or
+        split by shape) took less time than its size costs."""
+        if self.cost is not None and rows == self._rows:
+            self.cost.observe(rows, ns)
 
     def _bound(self) -> int:
         cost = self.cost

@@ -94,27 +94,33 @@ def current_records(items: Sequence[Item], records: list[InferRequest]) -> list[
     return batch
 
 
-def execute_batch(plan: BatchPlan, session: BackendSession, batch: Sequence[E], sink: Sink[E]) -> None:
-    """Run ``batch`` (see the top); never raises for a request's sake."""
+def execute_batch(plan: BatchPlan, session: BackendSession, batch: Sequence[E], sink: Sink[E]) -> int:
+    """Run ``batch`` (see the top); never raises for a request's sake. Returns the rows of the one
+    model call that ran the whole batch, or 0 when it took none (every request answered at once,
+    or a failure) or several (shape groups): what adaptive batching may learn from (batch_cost.py)."""
     now_ns = time.monotonic_ns()
     live = [request for request in batch if not sink.dequeue(request, now_ns)]
     if not live:
-        return
+        return 0
     groups = [live]
     if plan.variable and len(live) > 1:
         groups = [[live[i] for i in g] for g in shape_groups([sink.inputs(r) for r in live])]
+    rows = 0
     for group in groups:
         try:
-            _run_group(plan, session, group, sink, now_ns)
+            rows = _run_group(plan, session, group, sink, now_ns)
         except Exception as e:  # never leave a request unanswered (see the top)
+            rows = 0
             message = f"model {plan.config.name!r}: could not run the batch: {type(e).__name__}: {e}"
             for request in group:
                 if not sink.answered(request):
                     sink.fail(request, message, e)
+    return rows if len(groups) == 1 and len(live) == len(batch) else 0
 
 
-def _run_group(plan: BatchPlan, session: BackendSession, group: list[E], sink: Sink[E], now_ns: int) -> None:
-    """Requests whose inputs concatenate as one batch: gather, run once, answer each."""
+def _run_group(plan: BatchPlan, session: BackendSession, group: list[E], sink: Sink[E], now_ns: int) -> int:
+    """Requests whose inputs concatenate as one batch: gather, run once, answer each. Returns the
+    rows run (0: the model failed)."""
     config = plan.config
     inputs = (
         sink.inputs(group[0])
@@ -129,13 +135,13 @@ def _run_group(plan: BatchPlan, session: BackendSession, group: list[E], sink: S
         message = f"model {config.name!r} failed: {type(e).__name__}: {e}"
         for request in group:
             sink.fail(request, message, e)
-        return
+        return 0
     end_ns = time.monotonic_ns()
     sink.ran(len(group), rows, start_ns, end_ns)
     if len(group) == 1 or config.max_batch_size == 0:
         for request in group:
             sink.answer(request, outputs, start_ns, end_ns, rows, now_ns)
-        return
+        return rows
     offset = 0
     for request in group:
         n = sink.rows(request)
@@ -148,6 +154,7 @@ def _run_group(plan: BatchPlan, session: BackendSession, group: list[E], sink: S
             now_ns,
         )
         offset += n
+    return rows
 
 
 def shape_groups(parts: list[dict[str, Array]]) -> list[list[int]]:

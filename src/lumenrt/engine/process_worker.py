@@ -148,10 +148,10 @@ def worker_main(spec: WorkerSpec) -> None:
             except RingClosed:
                 break
             start_ns = time.monotonic_ns()
-            execute_batch(
+            rows = execute_batch(
                 plan, session, [HeldRequest(item, pos, pool.view(item.slot)) for item, pos in batch], sink
             )
-            batcher.ran(time.monotonic_ns() - start_ns)
+            batcher.ran(time.monotonic_ns() - start_ns, rows)
     finally:
         status[spec.index, 1] = EXITED
         session.close()

@@ -264,8 +264,8 @@ class CpuServing:
             except RingClosed:
                 return
             start_ns = time.monotonic_ns()
-            execute_batch(self._plan, self._session, current_records(items, records), sink)
-            batcher.ran(time.monotonic_ns() - start_ns)
+            rows = execute_batch(self._plan, self._session, current_records(items, records), sink)
+            batcher.ran(time.monotonic_ns() - start_ns, rows)
 
     def close(self) -> None:
         self._session.close()
