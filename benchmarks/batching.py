@@ -16,7 +16,6 @@ loop of the same run is given beside them. Prints a table, writes ``batching-<st
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -25,27 +24,17 @@ from typing import Any
 from lumenrt.bench.engine_load import Phase, best_raw
 from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.bench.serve_process import start_serve
-from roundtrip import markdown_table  # beside this file
+from roundtrip import bench_load, load_figures, markdown_table  # beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("fixed", "adaptive")
 
 
 def drive(http: str, model: str, concurrency: int, seconds: float, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "lumenrt.cli", "bench", "load", "--target", f"http://{http}",
-           "--model", model, "--concurrency", str(concurrency), "--duration-s", str(seconds),
-           "--warmup-s", "1", "--no-stages", "--quiet", "--json", "--out", str(out),
-           "--name", f"batching-{model}-c{concurrency}"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    summary = json.loads(done.stdout[done.stdout.find("{") :])
-    lat = summary["latency_us"]
-    return {
-        "throughput_per_s": float(summary["throughput_per_s"]),
-        "p50_us": lat["p50"],
-        "p99_us": lat["p99"],
-    }
+    args = ["--target", f"http://{http}", "--model", model, "--concurrency", str(concurrency),
+            "--duration-s", str(seconds), "--warmup-s", "1", "--no-stages", "--out", str(out),
+            "--name", f"batching-{model}-c{concurrency}"]  # fmt: skip
+    return load_figures(bench_load(*args))
 
 
 def batch_sizes(http: str, model: str) -> dict[int, tuple[int, float]]:

@@ -66,7 +66,9 @@ from roundtrip import (
     _Child,
     _echo_server_main,
     _measure_echo,
+    bench_load,
     frame_sizes,
+    load_figures,
     markdown_table,
     stats,
 )  # beside this file
@@ -404,23 +406,17 @@ def load(
 ) -> dict[str, Any]:
     """``LOAD_REPEATS`` closed-loop ``lumenrt bench load`` runs (one load process each, as the
     peer table), from ``python``'s install (default: this one); the medians of their figures."""
-    cmd = [python or sys.executable, "-m", "lumenrt.cli", "bench", "load", "--target", target, "--model", model,
-           "--concurrency", str(concurrency), "--duration-s", str(seconds), "--warmup-s", "1",
-           "--no-stages", "--quiet", "--json", "--out", str(out_dir), "--name", name, *extra]  # fmt: skip
-    runs = []
-    for _ in range(LOAD_REPEATS):
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-        summary = json.loads(done.stdout[done.stdout.find("{") :])
-        lat = summary["latency_us"]
-        runs.append((float(summary["throughput_per_s"]), float(lat["p50"]), float(lat["p99"]), summary))
+    args = ["--target", target, "--model", model, "--concurrency", str(concurrency),
+            "--duration-s", str(seconds), "--warmup-s", "1", "--no-stages", "--out", str(out_dir),
+            "--name", name, *extra]  # fmt: skip
+    runs = [load_figures(bench_load(*args, python=python)) for _ in range(LOAD_REPEATS)]
     return {
-        "throughput_per_s": round(float(np.median([r[0] for r in runs])), 1),
-        "p50_us": round(float(np.median([r[1] for r in runs])), 1),
-        "p99_us": round(float(np.median([r[2] for r in runs])), 1),
-        "errors": sum(int(r[3]["counts"]["errors"]) for r in runs),
-        "rounds_throughput_per_s": [round(r[0], 1) for r in runs],
+        **{
+            k: round(float(np.median([r[k] for r in runs])), 1)
+            for k in ("throughput_per_s", "p50_us", "p99_us")
+        },
+        "errors": sum(int(r["errors"]) for r in runs),
+        "rounds_throughput_per_s": [round(r["throughput_per_s"], 1) for r in runs],
     }
 
 

@@ -26,8 +26,6 @@ commit and the configuration.
 
 import argparse
 import contextlib
-import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +38,7 @@ import numpy as np
 
 from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.bench.serve_process import ServeProcess, start_serve
+from roundtrip import bench_load, load_figures  # beside this file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -81,20 +80,10 @@ def load(
 ) -> dict[str, float]:
     """One closed-loop ``lumenrt bench load`` run in its own process; throughput, p50, p99."""
     target = f"{protocol}://127.0.0.1:{server.ports[protocol]}"
-    cmd = [sys.executable, "-m", "lumenrt.cli", "bench", "load", "--target", target, "--model", model,
-           "--metadata-url", server.http_url, "--concurrency", str(concurrency), "--duration-s", str(seconds),
-           "--warmup-s", str(WARMUP_S), "--no-stages", "--quiet", "--json", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    summary = json.loads(done.stdout[done.stdout.find("{") :])
-    lat = summary["latency_us"]
-    return {
-        "throughput_per_s": float(summary["throughput_per_s"]),
-        "p50_us": float(lat["p50"]),
-        "p99_us": float(lat["p99"]),
-        "errors": int(summary["counts"]["errors"]),
-    }
+    args = ["--target", target, "--model", model, "--metadata-url", server.http_url,
+            "--concurrency", str(concurrency), "--duration-s", str(seconds),
+            "--warmup-s", str(WARMUP_S), "--no-stages", "--out", str(out)]  # fmt: skip
+    return load_figures(bench_load(*args))
 
 
 @contextlib.contextmanager

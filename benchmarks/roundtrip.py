@@ -20,8 +20,11 @@ Latencies are nanoseconds of ``time.perf_counter_ns`` around one request, after 
 
 import asyncio
 import contextlib
+import json
 import multiprocessing
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
@@ -33,6 +36,28 @@ from lumenrt.client.tcp import RECV_BYTES, TcpClient
 from lumenrt.protocols.tcp import HEADER_BYTES, encode_request, encode_response
 
 START_TIMEOUT_S = 60.0  # the echo server process reports its port within this
+
+
+def bench_load(*args: str, python: str | None = None) -> dict[str, Any]:
+    """One ``lumenrt bench load ARGS --quiet --json`` run in its own process, from ``python``'s
+    install (default: this one): its summary. RuntimeError with its output if it fails."""
+    cmd = [python or sys.executable, "-m", "lumenrt.cli", "bench", "load", *args, "--quiet", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    summary: dict[str, Any] = json.loads(done.stdout[done.stdout.find("{") :])
+    return summary
+
+
+def load_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """Throughput, p50 and p99 (µs) and errors of a ``bench_load`` summary."""
+    lat = summary["latency_us"]
+    return {
+        "throughput_per_s": float(summary["throughput_per_s"]),
+        "p50_us": float(lat["p50"]),
+        "p99_us": float(lat["p99"]),
+        "errors": int(summary["counts"]["errors"]),
+    }
 
 
 def markdown_table(title: str, rows: dict[str, dict[str, Any]], cols: tuple[str, ...]) -> str:
