@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from lumenrt.engine.config import model_config_from_dict
+from lumenrt.engine.gpu import devices
+from lumenrt.engine.placing import plan_engine
+from lumenrt.engine.server_config import EngineConfig
 from lumenrt.placement.plan import Demand, PlacementError, Plan, Policy, describe_plan, plan_placement
 from lumenrt.placement.topology import Topology, read_topology
 from tests.unit import topology_trees as trees
@@ -91,3 +95,58 @@ def test_roundrobin_places_one_thread_per_gpu_instance(tmp_path: Path) -> None:
     workers = plan.model("m").workers
     assert [w.gpu for w in workers] == [-1, -1, 0, 1]
     assert [w.threads for w in workers[2:]] == [1, 1]
+
+
+# ---- the GPU's own NUMA node ------------------------------------------------------------------
+
+
+def test_a_gpus_host_thread_sits_on_the_gpus_node(tmp_path: Path) -> None:
+    topo = machine("four_nodes_asymmetric", tmp_path)  # 4 nodes of 4 CPUs
+    demands = [Demand("vision", gpus=(0, 1, 1), cpu=False), Demand("cpu")]
+    plan = plan_placement(topo, demands, serve(), gpu_nodes={0: 3, 1: 2})
+    assert [(w.gpu, w.node) for w in plan.model("vision").workers] == [(0, 3), (1, 2), (1, 2)]
+    assert not plan.warnings
+    # unknown nodes (-1, or not given): placed as before, by the policy alone
+    for nodes in ({0: -1, 1: -1}, {}):
+        unknown = plan_placement(topo, demands, serve(), gpu_nodes=nodes)
+        assert unknown == plan_placement(topo, demands, serve()) and not unknown.warnings
+
+
+def test_a_host_thread_off_its_gpus_node_is_said(tmp_path: Path) -> None:
+    topo = machine("two_socket_smt", tmp_path)
+    plan = plan_placement(topo, [Demand("vision", gpus=(0,), cpu=False)], serve("node:0"), gpu_nodes={0: 1})
+    assert [w.node for w in plan.model("vision").workers] == [0]  # the policy's node holds
+    assert plan.warnings == (
+        "vision: 1 of 1 GPU instance thread(s) run off their GPU's NUMA node: no CPU of the plan was "
+        "free there",
+    )
+
+
+def test_the_engine_asks_cuda_and_sysfs_for_each_gpus_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[list[int]] = []
+
+    def nodes(indices: list[int]) -> dict[int, int]:
+        asked.append(list(indices))
+        return {0: 3, 1: 2}
+
+    monkeypatch.setattr(devices, "gpu_numa_nodes", nodes)
+    config = model_config_from_dict(
+        {"backend": "pytorch", "max_batch_size": 8, "instance_group": {"kind": "KIND_GPU", "gpus": [1, 0]}},
+        "m/config.yaml",
+        "m",
+    )
+    plan = plan_engine([config], EngineConfig(), topology=machine("four_nodes_asymmetric", tmp_path))
+    assert asked == [[0, 1]]
+    assert sorted((w.gpu, w.node) for w in plan.model("m").workers) == [(0, 3), (1, 2)]
+    # roundrobin does not plan, so it does not ask
+    plan_engine([config], EngineConfig(placement="roundrobin"), topology=machine("no_numa", tmp_path))
+    assert asked == [[0, 1]]
+
+
+def test_without_cuda_every_gpus_node_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU build of torch
+    assert devices.gpu_numa_nodes([0, 1]) == {0: -1, 1: -1}

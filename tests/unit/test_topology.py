@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from lumenrt.placement.topology import TopologyError, describe, format_cpulist, parse_cpulist, read_topology
+from lumenrt.placement.topology import (
+    TopologyError,
+    describe,
+    format_cpulist,
+    parse_cpulist,
+    pci_numa_node,
+    read_topology,
+)
 from tests.unit import topology_trees as trees
 
 
@@ -100,6 +107,20 @@ def test_a_file_that_says_nonsense_is_named(tmp_path: Path) -> None:
         read_topology(machine.write(tmp_path))
     with pytest.raises(TopologyError, match="online: missing"):
         read_topology(tmp_path / "nowhere")
+
+
+def test_a_pci_devices_numa_node_is_read_and_anything_else_is_unknown(tmp_path: Path) -> None:
+    devices = tmp_path / "sys/bus/pci/devices"
+    for address, text in (("0000:3b:00.0", "1\n"), ("0000:af:00.0", "-1\n"), ("0000:d8:00.0", "x\n")):
+        (devices / address).mkdir(parents=True)
+        (devices / address / "numa_node").write_text(text)
+    assert pci_numa_node("0000:3b:00.0", tmp_path) == 1
+    assert pci_numa_node(" 0000:3B:00.0\n", tmp_path) == 1  # as a driver may print it
+    assert pci_numa_node("0000:af:00.0", tmp_path) == -1  # a kernel without NUMA says -1
+    assert pci_numa_node("0000:d8:00.0", tmp_path) == -1  # unreadable: unknown, not an error
+    assert pci_numa_node("0000:00:01.0", tmp_path) == -1  # no such device
+    for not_an_address in ("../../../etc", "0000:3b:00.0/../..", "", "3b:00.0"):
+        assert pci_numa_node(not_an_address, tmp_path) == -1  # never read as a path
 
 
 def test_this_machine_matches_what_the_os_says() -> None:

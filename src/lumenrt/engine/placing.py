@@ -102,8 +102,15 @@ def plan_engine(
         settings.placement, strict=settings.placement_strict, ingress_threads=ingress_threads
     )
     topo = topology if topology is not None else engine_topology(settings)
+    demands = [demand_for(c, settings) for c in configs]
+    gpus = sorted({g for d in demands for g in d.gpus})
+    gpu_nodes: dict[int, int] = {}
+    if gpus and policy.kind != "roundrobin":
+        from lumenrt.engine.gpu.devices import gpu_numa_nodes  # torch, only for GPU instances
+
+        gpu_nodes = gpu_numa_nodes(gpus)
     try:
-        return plan_placement(topo, [demand_for(c, settings) for c in configs], policy, running)
+        return plan_placement(topo, demands, policy, running, gpu_nodes)
     except PlacementError as exc:
         raise PlacementError(f"placement ({policy.label}): {exc}") from None
 

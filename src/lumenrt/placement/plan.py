@@ -46,7 +46,9 @@ Rules, in the order applied
      ingress and before the CPU workers divide what is left (a starved feeder idles a device worth
      many cores), from the fullest node (spread) or the first with one free (pack, node:N); with
      none left, or when crowded (rule 6), it shares the least given CPU, and the plan says so.
-     The GPU's own NUMA node is not read yet (a host thread may sit on the far node).
+     A GPU whose NUMA node is known (``gpu_nodes``: sysfs, for the PCI address CUDA gives it)
+     gets its host thread on that node while it has a free CPU (its copies cross no socket link);
+     otherwise the plan says the thread sits off the GPU's node.
 
 This module reads nothing: it is a function of its inputs, so the tests give it fake machines.
 """
@@ -171,14 +173,19 @@ def preference_order(topo: Topology, node: int) -> list[int]:
 
 
 def plan_placement(
-    topo: Topology, demands: Sequence[Demand], policy: Policy, running: Mapping[str, ModelPlan] | None = None
+    topo: Topology,
+    demands: Sequence[Demand],
+    policy: Policy,
+    running: Mapping[str, ModelPlan] | None = None,
+    gpu_nodes: Mapping[int, int] | None = None,
 ) -> Plan:
     """The plan for ``demands`` on ``topo`` under ``policy`` (see the rules at the top).
     ``running``: the models of ``demands`` already running, with their places, which the plan keeps
-    (workers do not move); the others are planned around them."""
+    (workers do not move); the others are planned around them. ``gpu_nodes``: the NUMA node of
+    each GPU device the demands name (-1 or absent: unknown), for rule 9."""
     if policy.kind == "roundrobin":
         return _round_robin(topo, demands, policy)
-    return _Planner(topo, demands, policy, dict(running or {})).plan()
+    return _Planner(topo, demands, policy, dict(running or {}), gpu_nodes=dict(gpu_nodes or {})).plan()
 
 
 @dataclass(slots=True)
@@ -192,6 +199,7 @@ class _Planner:
     given: dict[int, int] = field(default_factory=dict)  # CPU -> busy threads placed on it so far
     planned: tuple[int, ...] = ()  # the CPUs the plan uses (the policy's nodes, within the quota)
     cuts: int = 0  # warnings that shrink or share (rule 1)
+    gpu_nodes: dict[int, int] = field(default_factory=dict)  # GPU device -> its NUMA node (rule 9)
 
     def plan(self) -> Plan:
         topo, policy = self.topo, self.policy
@@ -412,24 +420,32 @@ class _Planner:
     def _gpu_hosts(self, d: Demand, crowded: bool) -> tuple[WorkerPlan, ...]:
         """Rule 9: one CPU of its own for each GPU instance's host thread, or a shared one."""
         hosts: list[WorkerPlan] = []
-        shared = 0
+        shared = far = 0
         for gpu in d.gpus:
             pools = [n for n, v in self.free.items() if v]
+            near = self.gpu_nodes.get(gpu, -1)
             if crowded or not pools:
                 cpu = min(self.planned, key=lambda c: (self.given.get(c, 0), -c))
                 shared += 1
             else:
-                node = (
-                    max(pools, key=lambda n: (len(self.free[n]), -n))
-                    if self.policy.kind == "spread"
-                    else pools[0]
-                )
+                if near in pools:
+                    node = near
+                elif self.policy.kind == "spread":
+                    node = max(pools, key=lambda n: (len(self.free[n]), -n))
+                else:
+                    node = pools[0]
                 cpu = self.free[node].pop(0)
             self._give((cpu,))
             hosts.append(WorkerPlan((cpu,), 1, self.topo.node_of(cpu), gpu=gpu))
+            far += 0 <= near != hosts[-1].node
         if shared and not crowded:  # crowded: said once for all models
             self._cut(
                 f"{d.model}: {shared} of {len(d.gpus)} GPU instance thread(s) share a CPU: none was left"
+            )
+        if far:
+            self.warnings.append(
+                f"{d.model}: {far} of {len(d.gpus)} GPU instance thread(s) run off their GPU's NUMA "
+                "node: no CPU of the plan was free there"
             )
         return tuple(hosts)
 

@@ -7,6 +7,8 @@ What is read, all below ``root`` (``/`` on a real machine; a fake tree in the te
     ``cpuN/topology/{physical_package_id,core_id,thread_siblings_list}`` (a physical core is a
     package and core id; SMT siblings share it) and ``cpuN/cache/index*/{level,type,shared_cpu_list}``
     (the CPUs sharing each L2 and L3);
+  - a GPU's node (``pci_numa_node``): ``sys/bus/pci/devices/<PCI address>/numa_node``, for the
+    address CUDA gives the device (engine/gpu/devices.py asks it);
   - this process (``pid``): its affinity (``proc/<pid>/status`` ``Cpus_allowed_list``) and its
     cgroup (``proc/<pid>/cgroup``): cgroup v2's ``cpuset.cpus.effective`` and ``cpu.max``, or v1's
     ``cpuset.effective_cpus`` and ``cpu.cfs_quota_us``/``cpu.cfs_period_us``; a quota is the
@@ -30,6 +32,8 @@ from typing import Any
 
 SYS_CPU = "sys/devices/system/cpu"
 SYS_NODE = "sys/devices/system/node"
+SYS_PCI = "sys/bus/pci/devices"
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")  # domain:bus:device.function
 
 
 class TopologyError(ValueError):
@@ -160,6 +164,20 @@ def flat_topology(cpus: tuple[int, ...] | list[int]) -> Topology:
 
 
 # ---- pieces ----------------------------------------------------------------------------------------
+
+
+def pci_numa_node(address: str, root: Path | str = "/") -> int:
+    """The NUMA node of the PCI device at ``address`` (``0000:3b:00.0``) as sysfs says; -1 when
+    unknown: no such device, a kernel without NUMA (it says -1), or not an address (never a path)."""
+    address = address.strip().lower()
+    if not PCI_ADDRESS.fullmatch(address):
+        return -1
+    text = _read(Path(root) / SYS_PCI / address / "numa_node")
+    try:
+        node = int(text) if text is not None else -1
+    except ValueError:
+        return -1
+    return node if node >= 0 else -1
 
 
 def _read(path: Path) -> str | None:

@@ -4,7 +4,10 @@ Kept apart from device.py so that the protocol imports nothing of torch, even in
 and torch_device.py can import the protocol's types.
 """
 
-from lumenrt.engine.gpu.device import Device
+from collections.abc import Iterable
+
+from lumenrt.engine.gpu.device import Device, DeviceError
+from lumenrt.placement.topology import pci_numa_node
 
 
 def open_device(index: int) -> Device:
@@ -13,3 +16,14 @@ def open_device(index: int) -> Device:
     from lumenrt.engine.gpu.torch_device import TorchCudaDevice  # torch: only when a GPU instance loads
 
     return TorchCudaDevice.open(index)
+
+
+def gpu_numa_nodes(indices: Iterable[int]) -> dict[int, int]:
+    """The NUMA node of each CUDA device in ``indices`` (-1: unknown), for placement (rule 9 of
+    placement/plan.py): the PCI address CUDA gives the device, looked up in sysfs. All -1 where
+    torch or CUDA is missing: planning does not fail for it (loading the instance says why)."""
+    try:
+        from lumenrt.engine.gpu.torch_device import pci_address
+    except DeviceError:  # no torch: the GPU instance's load names the missing extra
+        return dict.fromkeys(indices, -1)
+    return {i: pci_numa_node(address) if (address := pci_address(i)) else -1 for i in indices}

@@ -59,6 +59,19 @@ _registered: dict[int, list[Any]] = {}
 _register_lock = threading.Lock()
 
 
+def pci_address(index: int) -> str | None:
+    """CUDA device ``index``'s PCI address (``0000:3b:00.0``), as CUDA reports it (so in this
+    process's numbering, after CUDA_VISIBLE_DEVICES); None when there is no such device."""
+    if not torch.cuda.is_available() or not 0 <= index < torch.cuda.device_count():
+        return None
+    props = torch.cuda.get_device_properties(index)
+    ids = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+    if not all(isinstance(i, int) for i in ids):  # a torch that does not report them
+        return None
+    domain, bus, device = ids
+    return f"{domain:04x}:{bus:02x}:{device:02x}.0"
+
+
 def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
