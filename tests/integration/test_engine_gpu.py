@@ -144,6 +144,9 @@ def forty_concurrent_requests(engine: Engine) -> None:
         np.testing.assert_array_equal(result.outputs["y"], rows(1 + i % 3, i) * 2)
 
 
+MIXED = "[{kind: KIND_CPU, count: 1}, {kind: KIND_GPU}]"
+
+
 def plan_json(engine: Engine) -> dict[str, Any]:
     assert engine.plan is not None
     return engine.plan.to_json()
@@ -201,7 +204,7 @@ def test_two_gpu_instances_of_one_model_run_batches_at_once(
 def test_cpu_and_gpu_instances_of_one_model_serve_side_by_side(
     tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend
 ) -> None:
-    with Engine(repository(tmp_path, "[{kind: KIND_CPU, count: 1}, {kind: KIND_GPU}]"), SETTINGS) as engine:
+    with Engine(repository(tmp_path, MIXED), SETTINGS) as engine:
         for i in range(10):
             np.testing.assert_array_equal(engine.infer("m", {"x": rows(2, i)}).outputs["y"], rows(2, i) * 2)
         stats = engine.statistics("m")[0]
@@ -213,6 +216,18 @@ def test_cpu_and_gpu_instances_of_one_model_serve_side_by_side(
             ("KIND_CPU", 1, []),
             ("KIND_GPU", 1, [0]),
         ]
+
+
+@pytest.mark.parametrize(("groups", "reported"), [("[{kind: KIND_GPU}]", "fixed"), (MIXED, "adaptive")])
+def test_gpu_instances_batch_as_configured_under_adaptive_batching(
+    tmp_path: Path, device: FakeDevice, backend: FakeGpuBackend, groups: str, reported: str
+) -> None:
+    settings = EngineConfig(queue_type="mpmc", thread_count=0, batching="adaptive")
+    with Engine(repository(tmp_path, groups), settings) as engine:
+        forty_concurrent_requests(engine)
+        # a model with GPU instances only batches as configured; with CPU workers too, they adapt
+        assert engine.statistics("m")[0]["batching"] == reported
+        check_no_leaks(engine)
 
 
 def test_a_failing_batch_fails_alone_and_the_instance_keeps_serving(

@@ -860,6 +860,7 @@ class ModelRuntime:
             "large_arena": self.large.stats() if self.large is not None else None,
             "ring": self.ring.stats() if not self.closed else None,
             "lane": self.lane.describe(),
-            "batching": self.options.batching,
+            # what its instances do: GPU instances batch as configured (thread_pool.py)
+            "batching": self.options.batching if any(p.gpu < 0 for p in self.placements) else "fixed",
             **extra,
         }
