@@ -33,8 +33,9 @@ Invariants
   4. Only where the measurement can decide: a model whose cheapest row costs under ``MIN_ROW_NS``
      is not capped (as ``fixed``); its downward probe forms the best size, so that size's cost
      stays current and a model that slows down is capped again.
-  5. Bounded, and cheap per batch: a list of ``max_batch_size + 1`` floats, updated in place; the
-     best is found again by a scan only every ``RESCAN_EVERY`` batches.
+  5. Bounded, and cheap per batch: three lists of ``max_batch_size + 1`` numbers (cost, count,
+     last seen), updated in place; the best is found again by a scan only every ``RESCAN_EVERY``
+     batches.
 """
 
 PROBE_EVERY = 32  # one upward and one downward probe per this many batches
