@@ -18,6 +18,8 @@ from lumenrt.engine.engine import Engine
 from lumenrt.engine.server_config import EngineConfig
 from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.ingress.auth import Gate, KeySource
+from lumenrt.ingress.http_body import SlotBody
+from lumenrt.ingress.service import ServeLimits
 from lumenrt.models.builtin import builtin_examples
 from lumenrt.protocols import tcp as tp
 from tests.integration.flow_clients import read_response
@@ -143,6 +145,80 @@ def test_a_client_gone_mid_body_gives_its_slot_back(server: ServerThread) -> Non
         sock.sendall(raw[: len(raw) // 2])
         _wait_for(lambda: rt.receiving == 1)  # lent while the body arrives
     _wait_for(lambda: _slots_back(server))
+
+
+def _split_request(x: np.ndarray) -> tuple[bytes, bytes]:
+    """A binary request: its HTTP headers with the JSON header, and its tensor bytes."""
+    raw = _binary_request(x)
+    split = len(raw) - x.nbytes
+    return raw[:split], raw[split:]
+
+
+def test_a_body_past_its_json_header_is_read_into_the_slot_not_through_the_parser(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the JSON header is in, the transport reads the tensor bytes straight into the slot
+    (http_server.py, Receiving): the parser hands over none of them."""
+    fed: list[int] = []
+    feed = SlotBody.feed
+    monkeypatch.setattr(SlotBody, "feed", lambda self, chunk: (fed.append(len(chunk)), feed(self, chunk))[1])
+    engine, x = _engine(server), _image()
+    rt = engine.runtime(MODEL)
+    head, tensors = _split_request(x)
+    before = rt.inputs_in_place
+    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
+        sock.sendall(head)
+        _wait_for(lambda: rt.receiving == 1)  # the headers and the JSON header are in
+        _send_in_pieces(sock, tensors)
+        status, headers, body = read_response(sock)
+    assert status == 200, body[:300]
+    np.testing.assert_allclose(
+        _output(headers, body), engine.infer(MODEL, {"data": x}).outputs["prob"].ravel(), rtol=1e-5, atol=1e-6
+    )
+    assert sum(fed) == len(head) - head.index(b"\r\n\r\n") - 4  # the JSON header only
+    assert rt.inputs_in_place == before + 1
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_requests_pipelined_after_a_body_read_into_its_slot_are_answered_in_order(
+    server: ServerThread,
+) -> None:
+    """A read into the slot stops at the body's end: what follows is parsed afresh (a new parser
+    after each such body), and every answer comes back in order."""
+    engine, x = _engine(server), _image()
+    expected = engine.infer(MODEL, {"data": x}).outputs["prob"].ravel()
+    health = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    second = _binary_request(x * 0.5)
+    expected_second = engine.infer(MODEL, {"data": x * 0.5}).outputs["prob"].ravel()
+    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _send_in_pieces(sock, _binary_request(x) + health + second + health, piece=100_000)
+        buf = bytearray()
+        answers = [read_response(sock, buf) for _ in range(4)]
+    assert [a[0] for a in answers] == [200, 200, 200, 200], [a[2][:200] for a in answers]
+    np.testing.assert_allclose(_output(answers[0][1], answers[0][2]), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_output(answers[2][1], answers[2][2]), expected_second, rtol=1e-5, atol=1e-6)
+    assert json.loads(answers[1][2]) == json.loads(answers[3][2]) == {"ready": True}
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_a_body_stalled_while_read_into_its_slot_is_408_and_its_slot_comes_back() -> None:
+    limits = ServeLimits(receive_timeout_s=0.5)
+    settings = EngineConfig(worker_mode="thread", thread_count=1, pin=False)
+    with (
+        Engine(models=[MODEL], settings=settings) as engine,
+        ServerThread(engine, ServeOptions(http_port=0, grpc_port=None, tcp_port=None, limits=limits)) as st,
+    ):
+        rt = engine.runtime(MODEL)
+        head, tensors = _split_request(_image())
+        with socket.create_connection(("127.0.0.1", st.ports["http"]), timeout=30) as sock:
+            sock.sendall(head + tensors[: len(tensors) // 2])
+            _wait_for(lambda: rt.receiving == 1)
+            status, headers, body = read_response(sock)  # nothing more sent
+            assert status == 408, body
+            assert headers.get("connection") == "close"
+            assert sock.recv(1) == b""  # closed after the answer
+        _wait_for(lambda: _slots_back(st))
 
 
 @contextlib.contextmanager

@@ -153,6 +153,29 @@ def test_tritonclient_infers_over_tls(server: ServerThread, certs: Certs, via: A
     assert via(server, certs.ca)["probabilities"].shape == (1, 10)
 
 
+def test_large_requests_land_in_their_slots_over_tls(certs: Certs) -> None:
+    """A 600 KB body over HTTPS and a 600 KB frame over TCP+TLS: the TLS transport reads the
+    decrypted tensor bytes straight into the arena slot (ingress/lent_slot.py), as plain text."""
+    big = "squeezenet"
+    x = builtin_examples(big, 1)["data"]
+    with (
+        Engine(models=[big], settings=EngineConfig(thread_count=1, pin=False)) as engine,
+        serving(engine, certs.server) as st,
+    ):
+        expected = engine.infer(big, {"data": x}).outputs["prob"]
+        rt = engine.runtime(big)
+        ctx = client_context(certs.ca)
+        with HttpClient("127.0.0.1", st.ports["http"], ssl=ctx) as http:
+            np.testing.assert_allclose(
+                http.infer(big, {"data": x}).outputs["prob"], expected, rtol=1e-5, atol=1e-6
+            )
+        with TcpClient("127.0.0.1", st.ports["tcp"], ssl=ctx) as tcp:
+            np.testing.assert_allclose(
+                tcp.infer(big, {"data": x}).outputs["prob"], expected, rtol=1e-5, atol=1e-6
+            )
+        assert rt.inputs_in_place == 2
+
+
 def test_a_client_that_does_not_trust_the_ca_refuses_the_server(server: ServerThread, certs: Certs) -> None:
     with pytest.raises(ssl.SSLCertVerificationError):
         via_tcp(server, client_context(certs.other_ca))

@@ -1,10 +1,12 @@
 """HTTP request bodies received straight into the model's arena slot: the tensor bytes land once.
 
-When the headers of a binary-extension (or raw) infer request give its length, a large body's
-tensor bytes are copied from each socket chunk into an arena slot lent by the model's runtime
-(``ModelRuntime.receive_slot``), at the offsets where the engine then finds them
-(``slot_layout.adopt_inputs``): no joined body, no second copy at admission. The JSON header, a
-few hundred bytes, is kept apart. Anything else (small bodies, JSON data, compressed or chunked
+When the headers of a binary-extension infer request give its length, a large body's tensor bytes
+go into an arena slot lent by the model's runtime (``ModelRuntime.receive_slot``), at the offsets
+where the engine then finds them (``slot_layout.adopt_inputs``): no joined body, no second copy at
+admission. The JSON header, a few hundred bytes, is kept apart. The body bytes that arrive with
+the request's headers are copied in as the parser hands them over (``feed``); once the JSON header
+is in, the transport reads the rest of the payload straight into the slot (``rest``, the HTTP
+front end's ``get_buffer``): the kernel's copy is then the only one. Anything else (small bodies, JSON data, compressed or chunked
 bodies, a model without an arena, an unknown model, a client the gate would refuse) takes the
 ordinary path.
 
@@ -42,13 +44,19 @@ class SlotBody(LentSlot):
     """One body arriving into a lent slot: the first ``header_length`` bytes (the JSON header)
     into ``header``, the rest into ``payload`` in wire order."""
 
-    __slots__ = ("header", "header_length", "seen")
+    __slots__ = ("header", "header_length", "seen", "total")
 
     def __init__(self, runtime: Any, slot: int, payload: memoryview, header_length: int) -> None:
         super().__init__(runtime, slot, payload)  # payload: the body's length less the header's
         self.header = bytearray()
         self.header_length = header_length
-        self.seen = 0  # body bytes fed so far (the parser never feeds past Content-Length)
+        self.total = header_length + len(payload)  # the body's length (Content-Length)
+        self.seen = 0  # body bytes received so far (never past Content-Length)
+
+    def rest(self) -> memoryview:
+        """The payload not received yet, for the transport to read straight into (the JSON header
+        is in); raises ValueError once the slot was revoked (invariant 3)."""
+        return self.payload[self.seen - self.header_length :]
 
     def feed(self, chunk: bytes) -> None:
         """One chunk of the body as the parser hands it over: its tensor bytes' one copy."""

@@ -37,6 +37,17 @@ Connection invariants (flow control, timeouts and the sweeper: ``lumenrt.ingress
   - A large binary body's tensor bytes are received straight into an arena slot (``http_body``);
     a slot lent for a body is returned whatever becomes of the request (``_drop_queued``, the end
     of each request's turn in ``_run_queue``), unless admission took it over.
+
+Receiving (``asyncio.BufferedProtocol``)
+  - The transport reads into the front end's one ``read_buffer`` (shared by its connections: the
+    parser copies out what it keeps, so the buffer is free again when ``buffer_updated`` returns),
+    and the parser is fed a view of it.
+  - Once the headers and JSON header of a body received into a slot are in (``_direct_left``: the
+    body bytes still to come), reads go straight into the slot (``SlotBody.rest``), past the
+    parser: the parser expects those bytes no more, so the message is completed here and the
+    parser replaced (it keeps no other state between messages). A read never goes past the body,
+    so a pipelined request after it is parsed as usual. If the slot is revoked meanwhile, the rest
+    of the body is read into the shared buffer and dropped, and the request answered 503.
 """
 
 import asyncio
@@ -62,6 +73,7 @@ from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
 from lumenrt.protocols.parameters import check_bool, check_count, refuse_load_parameters
+from lumenrt.protocols.tcp_receiver import ReadBuffer
 
 MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading pauses (guessed)
 HEADER_LENGTH = b"inference-header-content-length"
@@ -107,6 +119,7 @@ class HttpServer(Listener["HttpConnection"]):
     def __init__(self, service: InferenceService) -> None:
         super().__init__(service.limits)
         self.service = service
+        self.read_buffer = ReadBuffer()  # lent to one connection's read at a time (the top)
 
     def _connection(self) -> "HttpConnection":
         return HttpConnection(self)
@@ -119,7 +132,7 @@ async def start_http(service: InferenceService, host: str, port: int, ssl: Any =
     return server
 
 
-class HttpConnection(Connection, asyncio.Protocol):
+class HttpConnection(Connection, asyncio.BufferedProtocol):
     def __init__(self, server: HttpServer) -> None:
         super().__init__(server, server.limits)
         self.server = server
@@ -140,6 +153,7 @@ class HttpConnection(Connection, asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._slot_body: SlotBody | None = None  # the body arriving into an arena slot
+        self._direct_left = 0  # its bytes still to come, read past the parser (the top)
         self._headers_done = False  # header fields from here on are trailers (dropped)
         self._http_10 = False
         self._decoder: ContentDecoder | None = None
@@ -159,7 +173,44 @@ class HttpConnection(Connection, asyncio.Protocol):
             self.service.cancel(submitted)
         super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = self.server.read_buffer.view
+        left = self._direct_left
+        if not left:
+            return view
+        slot_body = self._slot_body
+        if slot_body is not None:
+            try:
+                return slot_body.rest()
+            except ValueError:  # the model closed and revoked the slot (http_body invariant 3)
+                self._slot_revoked()
+        return view[: min(left, len(view))]  # the rest of a body being dropped
+
+    def buffer_updated(self, nbytes: int) -> None:
+        left = self._direct_left
+        if not left:
+            self.data_received(self.server.read_buffer.ro[:nbytes])
+            slot_body = self._slot_body
+            if slot_body is not None and slot_body.seen >= slot_body.header_length and not self.closing:
+                self._direct_left = slot_body.total - slot_body.seen  # > 0: it would be complete
+            return
+        self.received += 1
+        self._continue_owed = False
+        self._body_bytes += nbytes
+        self._direct_left = left - nbytes
+        slot_body = self._slot_body
+        if slot_body is not None:
+            slot_body.seen += nbytes
+        if self._direct_left:
+            return
+        parser = self.parser  # it still expects the body: it reads the request line and headers
+        try:
+            self.on_message_complete()
+        finally:
+            if self.parser is parser:
+                self.parser = httptools.HttpRequestParser(self)
+
+    def data_received(self, data: bytes | memoryview) -> None:
         self.received += 1
         while data:
             try:
@@ -218,6 +269,11 @@ class HttpConnection(Connection, asyncio.Protocol):
                 req.received.release()
         self._queue.clear()
         self._end_slot_body()
+        self._direct_left = 0  # closing: what still comes is not looked at
+
+    def _slot_revoked(self) -> None:
+        self._end_slot_body()
+        self._body_error = unavailable("the model was unloaded while the request body arrived")
 
     def _end_slot_body(self) -> None:
         slot_body, self._slot_body = self._slot_body, None
@@ -301,8 +357,7 @@ class HttpConnection(Connection, asyncio.Protocol):
             try:
                 slot_body.feed(body)
             except ValueError:  # the model closed and revoked the slot (http_body invariant 3)
-                self._end_slot_body()
-                self._body_error = unavailable("the model was unloaded while the request body arrived")
+                self._slot_revoked()
             return
         if self._decoder is None:
             self._body.append(body)
