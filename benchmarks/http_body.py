@@ -15,7 +15,6 @@ received (0 for an install without it). Writes ``http-body-<stamp>.json``.
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import urllib.request
@@ -26,18 +25,13 @@ import numpy as np
 
 from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.bench.serve_process import ServeProcess, start_serve
-from security_overhead import load  # beside this file
+from roundtrip import cpu_s  # beside this file
+from security_overhead import load
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODEL = "squeezenet"
 KEYS = ("throughput_per_s", "p50_us", "p99_us", "loop_cpu_us", "server_cpu_us")
-
-
-def thread_cpu_s(pid: int, tid: int) -> float:
-    """User + system CPU seconds of one thread so far."""
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def in_place(server: ServeProcess) -> int:
@@ -74,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                 for c in args.concurrency:
                     for name, server in started.items():
                         pid = server.proc.pid
-                        before = thread_cpu_s(pid, pid)
+                        before = cpu_s(pid, pid)
                         got = load(server, MODEL, "http", c, args.seconds, Path(tmp), [])
                         requests = got["throughput_per_s"] * (args.seconds + 1.0)  # warm-up included
-                        got["loop_cpu_us"] = (thread_cpu_s(pid, pid) - before) / requests * 1e6
+                        got["loop_cpu_us"] = (cpu_s(pid, pid) - before) / requests * 1e6
                         runs.setdefault(f"c{c}", {}).setdefault(name, []).append(got)
                         print(
                             f"round {r + 1}/{args.rounds} c{c:<3} {name:<8} {got['throughput_per_s']:7.1f}/s  "

@@ -33,7 +33,12 @@ digits_mlp, batch 1, in one run on this machine:
    of the same run (2 threads, an ONNX Runtime session each, no server). The server gets the same
    compute: a worker per usable CPU (``--placement roundrobin``), since on a machine of few CPUs the
    placement plan keeps one CPU for the event loop and gives a lone SqueezeNet the rest (on 2 CPUs,
-   one worker: README, Placement), which would measure the plan, not the request path.
+   one worker: README, Placement), which would measure the plan, not the request path. Beside
+   each row, where the CPU went per request: the server's event-loop thread, the whole server
+   (workers included), and the load generator (``lumenrt bench load``'s own ``load_cpu``), which
+   shares the machine's CPUs with the server and the raw loop does not have; and the throughput
+   the machine's CPUs allow at that cost (``cpu_bound_per_s``: CPUs / (server + load generator CPU
+   per request)). Where the measured throughput meets it, the row is CPU-bound.
 
 FastAPI runs from ``--fastapi-python`` (default ``.venv-fastapi``, created with the peer
 benchmark's pins when missing; ``--no-fastapi`` leaves those rows out). Prints the tables and writes ``latency-<stamp>.json``.
@@ -67,6 +72,7 @@ from roundtrip import (
     _echo_server_main,
     _measure_echo,
     bench_load,
+    cpu_s,
     frame_sizes,
     load_figures,
     markdown_table,
@@ -403,18 +409,33 @@ def load(
     *extra: str,
     model: str = MODEL,
     python: str | None = None,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     """``LOAD_REPEATS`` closed-loop ``lumenrt bench load`` runs (one load process each, as the
-    peer table), from ``python``'s install (default: this one); the medians of their figures."""
+    peer table), from ``python``'s install (default: this one); the medians of their figures.
+    With ``server_pid``, also where the CPU went, per request: the server's event-loop thread
+    (its main thread), the whole server, and the load generator (its measured window)."""
     args = ["--target", target, "--model", model, "--concurrency", str(concurrency),
             "--duration-s", str(seconds), "--warmup-s", "1", "--no-stages", "--out", str(out_dir),
             "--name", name, *extra]  # fmt: skip
-    runs = [load_figures(bench_load(*args, python=python)) for _ in range(LOAD_REPEATS)]
+    runs = []
+    for _ in range(LOAD_REPEATS):
+        before = (cpu_s(server_pid, server_pid), cpu_s(server_pid)) if server_pid else (0.0, 0.0)
+        summary = bench_load(*args, python=python)
+        got = load_figures(summary)
+        if server_pid:
+            requests = max(
+                got["throughput_per_s"] * (seconds + 1.0), 1.0
+            )  # the warm-up ran at about the same rate
+            got["loop_cpu_us"] = (cpu_s(server_pid, server_pid) - before[0]) / requests * 1e6
+            got["server_cpu_us"] = (cpu_s(server_pid) - before[1]) / requests * 1e6
+            got["client_cpu_us"] = float((summary.get("load_cpu") or {}).get("us_per_request") or "nan")
+        runs.append(got)
+    keys = ("throughput_per_s", "p50_us", "p99_us")
+    if server_pid:
+        keys += ("loop_cpu_us", "server_cpu_us", "client_cpu_us")
     return {
-        **{
-            k: round(float(np.median([r[k] for r in runs])), 1)
-            for k in ("throughput_per_s", "p50_us", "p99_us")
-        },
+        **{k: round(float(np.median([r[k] for r in runs])), 1) for k in keys},
         "errors": sum(int(r["errors"]) for r in runs),
         "rounds_throughput_per_s": [round(r["throughput_per_s"], 1) for r in runs],
     }
@@ -429,6 +450,7 @@ def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
     from lumenrt.bench.engine_load import Phase, best_raw
 
     raw = best_raw("latency", "squeezenet", [1], Phase(1.0, seconds))
+    cpus = len(os.sched_getaffinity(0))
     raw_per_s = float(raw.throughput_per_s or 0.0)
     rows: dict[str, dict[str, Any]] = {
         "raw loop (2 sessions, batch 1)": {"throughput_per_s": round(raw_per_s, 1)}
@@ -443,13 +465,28 @@ def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
         for c in (1, 2, 4, 8):
             for proto, target in targets.items():
                 row: dict[str, Any] = load(
-                    target, c, seconds, out_dir, f"squeezenet-{proto}-c{c}", *meta, model="squeezenet"
+                    target,
+                    c,
+                    seconds,
+                    out_dir,
+                    f"squeezenet-{proto}-c{c}",
+                    *meta,
+                    model="squeezenet",
+                    server_pid=s.proc.pid,
                 )
                 row["x raw"] = round(row["throughput_per_s"] / raw_per_s, 3) if raw_per_s else None
+                spent_us = row["server_cpu_us"] + row["client_cpu_us"]  # nan when not reported
+                row["cpu_bound_per_s"] = round(cpus * 1e6 / spent_us, 1) if spent_us > 0 else None
                 row["p99/p50"] = round(row["p99_us"] / row["p50_us"], 2) if row["p50_us"] else None
                 rows[f"{proto} c{c}"] = row
     cols = ("throughput_per_s", "x raw", "p50_us", "p99_us", "p99/p50", "rounds_throughput_per_s")
     print(markdown_table("SqueezeNet batch 1 (closed loop)", rows, cols))
+    cpu = ("loop_cpu_us", "server_cpu_us", "client_cpu_us", "cpu_bound_per_s")
+    title = (
+        "SqueezeNet: CPU µs per request (the server's event loop, the whole server, the load generator),"
+        f" and the throughput {cpus} CPUs allow at that cost"
+    )
+    print(markdown_table(title, rows, cpu))
     return rows
 
 

@@ -22,12 +22,14 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -58,6 +60,14 @@ def load_figures(summary: dict[str, Any]) -> dict[str, float]:
         "p99_us": float(lat["p99"]),
         "errors": int(summary["counts"]["errors"]),
     }
+
+
+def cpu_s(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds so far of process ``pid`` (its threads included), or of its
+    thread ``tid`` alone."""
+    where = f"/proc/{pid}" if tid is None else f"/proc/{pid}/task/{tid}"
+    fields = Path(f"{where}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def markdown_table(title: str, rows: dict[str, dict[str, Any]], cols: tuple[str, ...]) -> str:

@@ -39,6 +39,7 @@ import numpy as np
 
 from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.bench.serve_process import ServeProcess, start_serve
+from roundtrip import cpu_s  # beside this file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -105,12 +106,6 @@ def load(
         "server_cpu_us": server_s / requests * 1e6,
         "client_cpu_us": client_s / requests * 1e6,
     }
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu_s() -> float:

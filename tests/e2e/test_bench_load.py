@@ -88,6 +88,23 @@ def test_counts_add_up_and_percentiles_match_the_csv(
     assert summary["server"]["architecture"]["queue_type"] == "mpmc"
     assert summary["server"]["architecture"]["mode"] == "thread"
     assert summary["machine"]["nproc"] >= 1 and "commit" in summary
+    # the load generator's own CPU over the window: some, and no more than it had wall time for
+    cpu = summary["load_cpu"]
+    assert 0 < cpu["cpu_s"] <= summary["elapsed_s"] * summary["machine"]["nproc"] + 0.05
+    assert cpu["us_per_request"] == pytest.approx(cpu["cpu_s"] * 1e6 / counts["ok"], rel=0.01)
+
+
+def test_the_load_cpu_of_every_load_process_is_added_up(
+    digits_server: ServeProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = _run(
+        capsys, tmp_path, "--target", f"tcp://127.0.0.1:{digits_server.ports['tcp']}", "--model", "digits_mlp",
+        "--metadata-url", digits_server.http_url, "--concurrency", "2", "--processes", "2",
+        "--requests", "300", "--warmup-s", "0.2",
+    )  # fmt: skip
+    assert summary["counts"]["ok"] == 300
+    cpu = summary["load_cpu"]
+    assert cpu is not None and cpu["cpu_s"] > 0 and cpu["cpus"] > 0
 
 
 def test_errors_are_counted_by_kind(

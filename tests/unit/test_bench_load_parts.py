@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lumenrt.bench.load_cli import load_cpu
 from lumenrt.bench.load_inputs import inputs_from_file, inputs_from_metadata, payload_bytes
 from lumenrt.bench.load_run import LoadPlan, Records, share, window_for
 from lumenrt.bench.load_stats import CSV_COLUMNS, summarize, write_csv
@@ -121,6 +122,23 @@ def test_summary_counts_percentiles_and_series() -> None:
     series = summary["timeseries"]
     assert sum(series["ok"]) == 990 and sum(series["errors"]) == 10
     assert len(series["t_s"]) == len(series["throughput_per_s"]) == len(series["p99_us"])
+
+
+def test_load_cpu_adds_up_the_processes_and_is_not_a_column() -> None:
+    rec, window = _records()
+    other = Records()
+    other.cpu_ns.append(250_000_000)
+    rec.cpu_ns.append(750_000_000)
+    rec.extend(other)  # a second load process's records
+    columns = rec.arrays()
+    assert "cpu_ns" not in columns and len(columns["done_ns"]) == 1000
+    summary = summarize(columns, window)  # type: ignore[arg-type]
+    cpu = load_cpu(rec.cpu_ns, summary)
+    assert cpu is not None
+    assert cpu["cpu_s"] == 1.0
+    assert cpu["cpus"] == pytest.approx(1.0 / summary["elapsed_s"], rel=1e-3)
+    assert cpu["us_per_request"] == pytest.approx(1e6 / 990, rel=1e-3)
+    assert load_cpu([], summary) is None  # a run that did not reach its window
 
 
 def test_csv_has_one_row_per_request(tmp_path: Path) -> None:

@@ -149,6 +149,7 @@ def write_outcome(
 ) -> LoadOutcome:
     columns = records.arrays()
     figures = summarize(columns, window)
+    figures["load_cpu"] = load_cpu(records.cpu_ns, figures)
     summary: dict[str, Any] = {
         "kind": "load",
         "name": name,
@@ -180,6 +181,21 @@ def write_outcome(
     return LoadOutcome(summary, json_path, csv_path)
 
 
+def load_cpu(cpu_ns: list[int], figures: Mapping[str, Any]) -> dict[str, float] | None:
+    """The load generator's own CPU time over the measured window (all its processes): seconds,
+    CPUs' worth (seconds per second of the window) and microseconds per answered request. On a
+    machine it shares with the server, this is CPU the server did not have."""
+    if not cpu_ns:
+        return None
+    cpu_s = sum(cpu_ns) / 1e9
+    ok = figures["counts"]["ok"]
+    return {
+        "cpu_s": round(cpu_s, 3),
+        "cpus": round(cpu_s / figures["elapsed_s"], 3),
+        "us_per_request": round(cpu_s * 1e6 / ok, 1) if ok else None,
+    }
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
     counts = summary["counts"]
     lines = [
@@ -197,6 +213,11 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         parts = [f"{k} {v['mean']:.0f}" for k, v in stages.items() if isinstance(v, dict)]
         lines.append(
             f"  server stages, mean µs: {'  '.join(parts)}  batch size {stages.get('batch_size_mean')}"
+        )
+    cpu = summary.get("load_cpu")
+    if cpu and cpu["us_per_request"] is not None:
+        lines.append(
+            f"  load generator CPU: {cpu['us_per_request']:.0f} µs a request ({cpu['cpus']:.2f} CPUs)"
         )
     return "\n".join(lines)
 

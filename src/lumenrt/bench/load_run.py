@@ -117,6 +117,8 @@ class Records:
     return_ns: list[int] = field(default_factory=list)
     batch_size: list[int] = field(default_factory=list)
     process: list[int] = field(default_factory=list)
+    # not a column: per load process, its CPU time (user + system) over the measured window
+    cpu_ns: list[int] = field(default_factory=list)
 
     def add(
         self, intended: int, sent: int, done: int, error: str, timing: Mapping[str, int], process: int
@@ -144,6 +146,8 @@ class Records:
         order = np.argsort(np.asarray(self.intended_ns, dtype=np.int64), kind="stable")
         out: dict[str, npt.NDArray[Any]] = {}
         for name in self.__dataclass_fields__:
+            if name == "cpu_ns":
+                continue
             values = getattr(self, name)
             array = np.asarray(values, dtype=object if name == "error" else np.int64)
             out[name] = array[order] if len(values) else array
@@ -274,10 +278,24 @@ async def _run_async(plan: LoadPlan, progress: Any, ready: Any) -> Records:
         if delay_ns > 0:
             await asyncio.sleep(delay_ns / 1e9)
         run = _Run(plan, target, window, progress)
-        await (run.closed() if plan.mode == "closed" else run.open())
+        meter = asyncio.ensure_future(_cpu_at(window.measure_ns))
+        try:
+            await (run.closed() if plan.mode == "closed" else run.open())
+        finally:
+            meter.cancel()
+        if meter.done() and not meter.cancelled():
+            run.records.cpu_ns.append(time.process_time_ns() - meter.result())
         return run.records
     finally:
         await target.close()
+
+
+async def _cpu_at(at_ns: int) -> int:
+    """This process's CPU time once the clock reaches ``at_ns`` (the measured window's start)."""
+    wait_ns = at_ns - time.monotonic_ns()
+    if wait_ns > 0:
+        await asyncio.sleep(wait_ns / 1e9)
+    return time.process_time_ns()
 
 
 def _event_loop(plan: LoadPlan) -> asyncio.AbstractEventLoop:

@@ -38,6 +38,7 @@ from lumenrt.protocols.raw import from_raw, to_raw
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _TIMING_PREFIX = "lumenrt_"
 MAX_HEADER_BYTES = 64 << 10  # a response's status line and headers (async client)
+WRITE_APART_BYTES = 64 << 10  # a larger request body is written beside its head, not joined to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +282,11 @@ class _Connection:
     ) -> tuple[int, dict[str, str], bytes, bool]:
         lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if len(body) < WRITE_APART_BYTES:
+            self.writer.write(head + body)  # one buffer, one send
+        else:
+            self.writer.writelines([head, body])  # the body is sent as it is, not copied behind a head
         head = await self.reader.readuntil(b"\r\n\r\n")
         status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
         parts = status_line.split(" ", 2)
