@@ -48,6 +48,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import math
 import mmap
 import os
 import socket
@@ -77,6 +78,7 @@ from roundtrip import (
     load_figures,
     markdown_table,
     stats,
+    tree_cpu_s,
 )  # beside this file
 
 HERE = Path(__file__).resolve().parent
@@ -232,7 +234,8 @@ def lumenrt_server(python: str | None, env: dict[str, str] | None = None) -> Ite
 
 
 @contextlib.contextmanager
-def fastapi_server(python: Path, model_path: Path, workers: int) -> Iterator[int]:
+def fastapi_server(python: Path, model_path: Path, workers: int) -> Iterator[tuple[int, int]]:
+    """uvicorn serving ``benchmarks/peers/fastapi_app.py``: (port, the uvicorn process's pid)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -258,7 +261,7 @@ def fastapi_server(python: Path, model_path: Path, workers: int) -> Iterator[int
             if time.monotonic() > deadline:
                 raise RuntimeError("FastAPI did not become ready within 120 s")
             time.sleep(0.2)
-        yield port
+        yield port, proc.pid
     finally:
         proc.terminate()
         try:
@@ -410,35 +413,47 @@ def load(
     model: str = MODEL,
     python: str | None = None,
     server_pid: int | None = None,
+    loop_thread: bool = True,
 ) -> dict[str, Any]:
     """``LOAD_REPEATS`` closed-loop ``lumenrt bench load`` runs (one load process each, as the
     peer table), from ``python``'s install (default: this one); the medians of their figures.
     With ``server_pid``, also where the CPU went, per request: the server's event-loop thread
-    (its main thread), the whole server, and the load generator (its measured window)."""
+    (its main thread; ``loop_thread``), the whole server (its processes), and the load generator
+    (its measured window; nan from an install that does not report it)."""
     args = ["--target", target, "--model", model, "--concurrency", str(concurrency),
             "--duration-s", str(seconds), "--warmup-s", "1", "--no-stages", "--out", str(out_dir),
             "--name", name, *extra]  # fmt: skip
     runs = []
     for _ in range(LOAD_REPEATS):
-        before = (cpu_s(server_pid, server_pid), cpu_s(server_pid)) if server_pid else (0.0, 0.0)
+        before = (cpu_s(server_pid, server_pid), tree_cpu_s(server_pid)) if server_pid else (0.0, 0.0)
         summary = bench_load(*args, python=python)
         got = load_figures(summary)
         if server_pid:
-            requests = max(
-                got["throughput_per_s"] * (seconds + 1.0), 1.0
-            )  # the warm-up ran at about the same rate
-            got["loop_cpu_us"] = (cpu_s(server_pid, server_pid) - before[0]) / requests * 1e6
-            got["server_cpu_us"] = (cpu_s(server_pid) - before[1]) / requests * 1e6
+            # the warm-up ran at about the same rate
+            requests = max(got["throughput_per_s"] * (seconds + 1.0), 1.0)
+            loop_s = cpu_s(server_pid, server_pid) - before[0] if loop_thread else math.nan
+            got["loop_cpu_us"] = loop_s / requests * 1e6
+            got["server_cpu_us"] = (tree_cpu_s(server_pid) - before[1]) / requests * 1e6
             got["client_cpu_us"] = float((summary.get("load_cpu") or {}).get("us_per_request") or "nan")
         runs.append(got)
     keys = ("throughput_per_s", "p50_us", "p99_us")
     if server_pid:
-        keys += ("loop_cpu_us", "server_cpu_us", "client_cpu_us")
+        keys += CPU_COLUMNS[:3]
     return {
         **{k: round(float(np.median([r[k] for r in runs])), 1) for k in keys},
         "errors": sum(int(r["errors"]) for r in runs),
         "rounds_throughput_per_s": [round(r["throughput_per_s"], 1) for r in runs],
     }
+
+
+CPU_COLUMNS = ("loop_cpu_us", "server_cpu_us", "client_cpu_us", "cpu_bound_per_s")
+
+
+def cpu_bound(row: dict[str, Any], cpus: int) -> float | None:
+    """The throughput ``cpus`` CPUs allow at the row's CPU cost per request (server + load
+    generator); None when either is unknown. A row that reaches it is CPU-bound."""
+    spent_us = row.get("server_cpu_us", math.nan) + row.get("client_cpu_us", math.nan)
+    return round(cpus * 1e6 / spent_us, 1) if spent_us > 0 else None
 
 
 # ---- 5. SqueezeNet -----------------------------------------------------------------------------
@@ -475,18 +490,16 @@ def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
                     server_pid=s.proc.pid,
                 )
                 row["x raw"] = round(row["throughput_per_s"] / raw_per_s, 3) if raw_per_s else None
-                spent_us = row["server_cpu_us"] + row["client_cpu_us"]  # nan when not reported
-                row["cpu_bound_per_s"] = round(cpus * 1e6 / spent_us, 1) if spent_us > 0 else None
+                row["cpu_bound_per_s"] = cpu_bound(row, cpus)
                 row["p99/p50"] = round(row["p99_us"] / row["p50_us"], 2) if row["p50_us"] else None
                 rows[f"{proto} c{c}"] = row
     cols = ("throughput_per_s", "x raw", "p50_us", "p99_us", "p99/p50", "rounds_throughput_per_s")
     print(markdown_table("SqueezeNet batch 1 (closed loop)", rows, cols))
-    cpu = ("loop_cpu_us", "server_cpu_us", "client_cpu_us", "cpu_bound_per_s")
     title = (
         "SqueezeNet: CPU µs per request (the server's event loop, the whole server, the load generator),"
         f" and the throughput {cpus} CPUs allow at that cost"
     )
-    print(markdown_table(title, rows, cpu))
+    print(markdown_table(title, rows, CPU_COLUMNS))
     return rows
 
 
@@ -534,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = {"lumenrt": None, **({"baseline": base} if base else {})}
     with contextlib.ExitStack() as stack:
         running = {label: stack.enter_context(lumenrt_server(py)) for label, py in servers.items()}
-        api_port = stack.enter_context(fastapi_server(fastapi, model_path, 1)) if fastapi else None
+        api_port = stack.enter_context(fastapi_server(fastapi, model_path, 1))[0] if fastapi else None
         tcp_ok = {label for label, server in running.items() if speaks_our_tcp(server.ports["tcp"], inputs)}
         for label in set(running) - tcp_ok:
             print(f"note: {label} speaks another TCP protocol version: its TCP round trips, stages and "
@@ -618,17 +631,23 @@ def main(argv: list[str] | None = None) -> int:
             for label, s in running.items():  # each through its own install's load generator
                 tput[f"{label} TCP c8"] = load(f"tcp://127.0.0.1:{s.ports['tcp']}", 8, args.load_s, args.out,
                                                f"{label}-tcp-c8", "--metadata-url", f"http://{s.http_url}",
-                                               python=servers[label])  # fmt: skip
+                                               python=servers[label], server_pid=s.proc.pid)  # fmt: skip
             s = running["lumenrt"]
             for c in (1, 4, 8):
                 tput[f"lumenrt HTTP c{c}"] = load(
-                    f"http://{s.http_url}", c, args.load_s, args.out, f"lumenrt-http-c{c}"
+                    f"http://{s.http_url}",
+                    c,
+                    args.load_s,
+                    args.out,
+                    f"lumenrt-http-c{c}",
+                    server_pid=s.proc.pid,
                 )
                 tput[f"lumenrt gRPC c{c}"] = load(f"grpc://{s.grpc_url}", c, args.load_s, args.out,
-                                                  f"lumenrt-grpc-c{c}", "--metadata-url", f"http://{s.http_url}")  # fmt: skip
+                                                  f"lumenrt-grpc-c{c}", "--metadata-url", f"http://{s.http_url}",
+                                                  server_pid=s.proc.pid)  # fmt: skip
             result["throughput"] = tput
     if "load" not in skip and fastapi is not None:  # FastAPI with 2 workers, as in the peer table
-        with fastapi_server(fastapi, model_path, 2) as port2:
+        with fastapi_server(fastapi, model_path, 2) as (port2, api_pid):
             (array,) = inputs.values()
             raw = args.out / "digits_mlp-input.npy"
             args.out.mkdir(parents=True, exist_ok=True)
@@ -636,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
             for c in (1, 4, 8):
                 target = f"http-raw://127.0.0.1:{port2}/predict/{MODEL}"
                 tput[f"FastAPI 2 workers c{c}"] = load(target, c, args.load_s, args.out, f"fastapi-c{c}",
-                                                      "--input-file", str(raw))  # fmt: skip
+                                                      "--input-file", str(raw), server_pid=api_pid,
+                                                      loop_thread=False)  # fmt: skip
     if "load" not in skip:
         print(
             markdown_table(
@@ -645,6 +665,11 @@ def main(argv: list[str] | None = None) -> int:
                 ("throughput_per_s", "p50_us", "p99_us", "errors", "rounds_throughput_per_s"),
             )
         )
+        cpus = len(os.sched_getaffinity(0))
+        for row in tput.values():
+            row["cpu_bound_per_s"] = cpu_bound(row, cpus)
+        title = f"the same runs: CPU µs per request, and the throughput {cpus} CPUs allow at that cost"
+        print(markdown_table(title, tput, CPU_COLUMNS))
     if "squeezenet" not in skip:
         result["squeezenet"] = squeezenet(args.out, args.load_s)
     if "alloc" not in skip:

@@ -70,6 +70,21 @@ def cpu_s(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int) -> float:
+    """``cpu_s`` of process ``pid`` and of every process below it that is still running (e.g. a
+    server's worker processes); 0 for one gone meanwhile."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_s(p)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
 def markdown_table(title: str, rows: dict[str, dict[str, Any]], cols: tuple[str, ...]) -> str:
     """``rows`` (name -> figures) as a titled Markdown table of the ``cols`` figures."""
     lines = [f"\n{title}", "| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
