@@ -130,6 +130,8 @@ def test_lane_key_is_checked() -> None:
         EngineConfig(lane="fast")
     with pytest.raises(ConfigError, match=r"engine\.lane_max_us"):
         EngineConfig(lane_max_us=-1)
+    with pytest.raises(ConfigError, match=r"engine\.lane_turn_us"):
+        EngineConfig(lane_turn_us=-1)
 
 
 def test_a_busy_queue_sends_requests_to_the_workers(tmp_path: Path) -> None:
@@ -236,16 +238,8 @@ def test_pipelined_answers_each_carry_their_own_inputs_result(engine: Engine, se
         ids = [tcp.send(MODEL, _distinct(i)) for i in range(n)]
         for i, rid in enumerate(ids):
             np.testing.assert_allclose(tcp.recv(rid).outputs["probabilities"], want[i], rtol=1e-6)
-    requests = []
-    for i in range(n):
-        req = encode_infer(MODEL, _distinct(i), outputs=["probabilities"])
-        head = "".join(f"{k}: {v}\r\n" for k, v in req.headers.items())
-        requests.append(
-            f"POST {req.path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req.body)}\r\n{head}\r\n".encode()
-            + req.body
-        )
     with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=WAIT_S) as sock:
-        sock.sendall(b"".join(requests))
+        sock.sendall(_pipelined(n))
         buf = bytearray()
         for i in range(n):
             status, headers, answer = read_response(sock, buf)
@@ -253,6 +247,49 @@ def test_pipelined_answers_each_carry_their_own_inputs_result(engine: Engine, se
             at = int(headers["inference-header-content-length"])
             np.testing.assert_allclose(np.frombuffer(answer[at:], np.float32), want[i].ravel(), rtol=1e-6)
     assert engine.runtime(MODEL).lane.stats.requests > lane_before  # some ran on the lane
+
+
+def _pipelined(n: int) -> bytes:
+    """``n`` one-row infer requests (inputs ``_distinct(i)``) in one buffer, for one write."""
+    out = []
+    for i in range(n):
+        req = encode_infer(MODEL, _distinct(i), outputs=["probabilities"])
+        head = "".join(f"{k}: {v}\r\n" for k, v in req.headers.items())
+        out.append(
+            f"POST {req.path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req.body)}\r\n{head}\r\n".encode()
+            + req.body
+        )
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("turn_us", [0, 60_000_000])
+def test_a_turn_runs_inline_until_its_budget_then_hands_the_rest_to_the_workers(turn_us: int) -> None:
+    """32 pipelined requests in one write reach the loop in one turn (engine.lane_turn_us): with
+    a budget of a minute every one runs inline there; with 0, one a turn, and the second goes to
+    the workers. Every answer is its own either way."""
+    n = 32
+    settings = EngineConfig(lane="inline", lane_turn_us=turn_us)
+    with (
+        Engine(models=[MODEL], settings=settings) as eng,
+        ServerThread(eng, ServeOptions(http_port=0, grpc_port=None, tcp_port=None)) as st,
+    ):
+        want = [eng.infer(MODEL, _distinct(i)).outputs["probabilities"] for i in range(n)]
+        rt = eng.runtime(MODEL)
+        lane_before, all_before = rt.lane.stats.requests, rt.statistics()["requests"]
+        with socket.create_connection(("127.0.0.1", st.ports["http"]), timeout=WAIT_S) as sock:
+            sock.sendall(_pipelined(n))
+            buf = bytearray()
+            for i in range(n):
+                status, headers, answer = read_response(sock, buf)
+                assert status == 200, answer[:200]
+                at = int(headers["inference-header-content-length"])
+                np.testing.assert_allclose(np.frombuffer(answer[at:], np.float32), want[i].ravel(), rtol=1e-6)
+        inline = rt.lane.stats.requests - lane_before
+        if turn_us:
+            assert inline == n
+        else:
+            assert 1 <= inline < n
+        assert rt.statistics()["requests"] - all_before == n  # inline or not, each counted once
 
 
 def test_front_ends_name_the_field_on_the_lane(server: ServerThread) -> None:

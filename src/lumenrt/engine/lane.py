@@ -17,6 +17,9 @@ Engine key ``lane`` (an architecture choice like ``queue_type``, measured in the
            and is never timed by running it. Not in process mode either: there the model runs
            in worker processes so that a crash in native code cannot take the server down, and
            the lane would run it in the server. ``inline`` takes any model at the user's word.
+The front ends add one rule of their own (ingress/service.py, ``infer_inline``): in one turn of the
+event loop, requests run on the lane until their checks and model calls took ``engine.lane_turn_us``
+together; the turn's other requests queue.
 
 Invariants
   1. Work-conserving and order-keeping: the lane takes a request only when the model's ring is

@@ -6,7 +6,7 @@ The seed's keys keep their names and values under ``engine``::
 
 and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``arena_slots``,
 ``large_arena_bytes``,
-``spin_us``, ``lane``, ``lane_max_us``, ``placement``, ``placement_strict``, ``memory_binding`` and
+``spin_us``, ``lane``, ``lane_max_us``, ``lane_turn_us``, ``placement``, ``placement_strict``, ``memory_binding`` and
 ``host_policies``
 (engine/placing.py). Every key has an effect (see the README's table); a combination without one is refused:
 ``allocator_type: standard`` with ``worker_mode: process`` (process workers read requests from the
@@ -66,6 +66,7 @@ ENGINE_KEYS = (
     "spin_us",
     "lane",
     "lane_max_us",
+    "lane_turn_us",
     "batching",
     "placement",
     "placement_strict",
@@ -78,6 +79,9 @@ BATCHINGS = ("fixed", "adaptive")  # engine/batch_cost.py
 # measurement on the 2-core VM: a worker hand-off and return costs ~30-60 us there, so a model
 # under ~30 us spends more time being handed over than computing.
 DEFAULT_LANE_MAX_US = 30
+# The most inline compute the event loop does in one of its turns (ingress/service.py,
+# ``infer_inline``); the turn's further requests go to the workers. 0: one request a turn.
+DEFAULT_LANE_TURN_US = 1000
 
 
 # engine/placing.py; "auto": "roundrobin" when engine.thread_count is given (every model gets that
@@ -152,6 +156,7 @@ class EngineConfig:
     spin_us: int = DEFAULT_SPIN_US  # poll this long before sleeping (workers, sync callers)
     lane: str = "queue"  # run small models on the ingress thread: queue | inline | auto
     lane_max_us: int = DEFAULT_LANE_MAX_US  # auto: largest batch-1 compute run inline
+    lane_turn_us: int = DEFAULT_LANE_TURN_US  # inline compute per event-loop turn, then the workers
     batching: str = "fixed"  # adaptive: batches capped at the size cheapest per row (batch_cost.py)
     placement: str = "auto"  # spread | pack | node:N | roundrobin (see PLACEMENTS); resolved at construction
     placement_strict: bool = False  # refuse a plan that must shrink or share CPUs (placement/plan.py)
@@ -172,6 +177,7 @@ class EngineConfig:
         read_int(self.spin_us, src, "engine.spin_us", minimum=0)
         read_choice(self.lane, LANES, src, "engine.lane")
         read_int(self.lane_max_us, src, "engine.lane_max_us", minimum=0)
+        read_int(self.lane_turn_us, src, "engine.lane_turn_us", minimum=0)
         read_choice(self.batching, BATCHINGS, src, "engine.batching")
         read_bool(self.placement_strict, src, "engine.placement_strict")
         read_choice(self.memory_binding, MEMORY_BINDINGS, src, "engine.memory_binding")

@@ -111,6 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "  spin_us           poll this long before sleeping                         (--spin-us)\n"
         "  lane              queue | inline | auto: small models run on the ingress thread (--lane)\n"
         "  lane_max_us       auto: largest batch-1 compute run inline (default 30)\n"
+        "  lane_turn_us      inline compute per event-loop turn before the rest go to the workers\n"
+        "                    (default 1000; 0: one request a turn)\n"
         "  batching          fixed | adaptive: CPU batches capped at the size cheapest per row (--batching)"
     )
     where = p.add_argument_group("where to listen")

@@ -26,6 +26,7 @@ from lumenrt.engine.engine import Engine
 from lumenrt.engine.histograms import DURATION_BOUNDS_NS, duration_buckets
 from lumenrt.engine.request import Array, InferRequest, StageTimes
 from lumenrt.engine.runtime import PLACEMENT_REPORT_MAX_AGE_S
+from lumenrt.engine.server_config import DEFAULT_LANE_TURN_US
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
 from lumenrt.ingress.rate_limit import RateLimiter
@@ -191,7 +192,10 @@ class InferenceService:
         self.draining = False  # shutdown began: readiness false, requests still served (drain_delay_s)
         self.in_flight = 0
         self._drain_cut = False  # set by cut_drain(): wait_idle returns at once
-        self._lane_turn = False  # a request ran inline in this turn of the event loop
+        self._lane_turn = False  # a request ran inline in this turn of the event loop ...
+        self._lane_spent_ns = 0  # ... and the inline compute of this turn so far (``_new_turn``)
+        settings = getattr(engine, "settings", None)  # (test doubles of the engine have none)
+        self._lane_turn_ns = (settings.lane_turn_us if settings else DEFAULT_LANE_TURN_US) * 1000
         self._counters: dict[tuple[str, int], _Counters] = {}
         # observability.metrics.ServiceMetrics (GET /metrics); set by ServerApp, None: --no-metrics
         self.metrics: Any = None
@@ -672,7 +676,7 @@ class InferenceService:
     ) -> InferOutcome | None:
         """Run one request on the model's inline lane, now, in this thread (engine/lane.py); None
         when the lane does not take it (no lane, queue not empty, its time already up, shutting
-        down, another request took this loop turn): the caller then awaits ``infer``. Raises
+        down, this loop turn's inline time used up): the caller then awaits ``infer``. Raises
         ServerError. The outcome's stage times are the lane's, valid until its next request:
         encode the answer before serving another."""
         key, cached = self._cache_find(rt, arrays, outputs)
@@ -680,10 +684,13 @@ class InferenceService:
             return self._cache_hit(rt, cached, timing, received_ns, protocol, request_id)
         if key is not None:  # a miss: ``submit`` or ``infer`` takes this key on (no second lookup)
             self._cache_memo = (arrays, outputs, key)
-        if not rt.lane.active or not self.accepting or self._lane_turn:
+        if not rt.lane.active or not self.accepting:
             return None
-        self._lane_turn = True  # work-conserving: see ``_new_turn``
-        asyncio.get_running_loop().call_soon(self._new_turn)
+        if not self._lane_turn:  # the turn's first: it always may (see ``_new_turn``)
+            self._lane_turn, self._lane_spent_ns = True, 0
+            asyncio.get_running_loop().call_soon(self._new_turn)
+        elif self._lane_spent_ns >= self._lane_turn_ns:
+            return None
         start = received_ns or time.monotonic_ns()
         try:
             result = rt.run_inline(arrays, None, timeout_s)
@@ -693,17 +700,22 @@ class InferenceService:
             raise error from None
         if result is None:
             return None
-        self._count(rt, start, True, protocol, 0, request_id, rt.lane.times)
-        outcome = _outcome(rt, result, outputs, rt.lane.times, timing, start)
+        times = rt.lane.times
+        self._lane_spent_ns += times.compute_end_ns - times.received_ns
+        self._count(rt, start, True, protocol, 0, request_id, times)
+        outcome = _outcome(rt, result, outputs, times, timing, start)
         self._cache_store(key, outcome)
         return outcome
 
     def _new_turn(self) -> None:
-        """The event loop finished the I/O callbacks of one turn. One request per turn runs inline;
-        the others that arrived in the same turn (other connections, or pipelined frames) are
-        handed to the workers: while the loop computes one, it is not reading, parsing or writing
-        for the rest, and under load the workers' core does that compute in parallel. At one client
-        every request has a turn of its own, so every request runs inline."""
+        """The event loop finished the I/O callbacks of one turn. Requests run inline in a turn
+        until their checks and model calls took ``engine.lane_turn_us`` together (the first always
+        runs); the others that arrived in the same turn (other connections, or pipelined frames)
+        are handed to the workers: while the loop computes, it is not reading, parsing or writing
+        for the rest, and under load the workers' core takes the excess in parallel. Below that
+        budget a request runs where it is, since for a lane model handing it over costs the loop
+        more (a ring push, then the completion back) than computing it. 0: one request a turn. At
+        one client every request has a turn of its own, so every request runs inline."""
         self._lane_turn = False
 
     # ---- response cache (ingress/response_cache.py) ---------------------------------------------
