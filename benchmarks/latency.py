@@ -545,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     base = args.baseline_python
     result: dict[str, Any] = {"model": MODEL, "n": args.n, "repeats": args.repeats, "baseline": base}
     servers = {"lumenrt": None, **({"baseline": base} if base else {})}
+    # the load runs' own files (a summary and a CSV each) and the FastAPI input: not results (the
+    # folder goes when main returns, or at exit)
+    scratch_dir = tempfile.TemporaryDirectory(prefix="lumenrt-latency-")
+    scratch = Path(scratch_dir.name)
     with contextlib.ExitStack() as stack:
         running = {label: stack.enter_context(lumenrt_server(py)) for label, py in servers.items()}
         api_port = stack.enter_context(fastapi_server(fastapi, model_path, 1))[0] if fastapi else None
@@ -629,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         if "load" not in skip:
             tput: dict[str, dict[str, Any]] = {}
             for label, s in running.items():  # each through its own install's load generator
-                tput[f"{label} TCP c8"] = load(f"tcp://127.0.0.1:{s.ports['tcp']}", 8, args.load_s, args.out,
+                tput[f"{label} TCP c8"] = load(f"tcp://127.0.0.1:{s.ports['tcp']}", 8, args.load_s, scratch,
                                                f"{label}-tcp-c8", "--metadata-url", f"http://{s.http_url}",
                                                python=servers[label], server_pid=s.proc.pid)  # fmt: skip
             s = running["lumenrt"]
@@ -638,23 +642,22 @@ def main(argv: list[str] | None = None) -> int:
                     f"http://{s.http_url}",
                     c,
                     args.load_s,
-                    args.out,
+                    scratch,
                     f"lumenrt-http-c{c}",
                     server_pid=s.proc.pid,
                 )
-                tput[f"lumenrt gRPC c{c}"] = load(f"grpc://{s.grpc_url}", c, args.load_s, args.out,
+                tput[f"lumenrt gRPC c{c}"] = load(f"grpc://{s.grpc_url}", c, args.load_s, scratch,
                                                   f"lumenrt-grpc-c{c}", "--metadata-url", f"http://{s.http_url}",
                                                   server_pid=s.proc.pid)  # fmt: skip
             result["throughput"] = tput
     if "load" not in skip and fastapi is not None:  # FastAPI with 2 workers, as in the peer table
         with fastapi_server(fastapi, model_path, 2) as (port2, api_pid):
             (array,) = inputs.values()
-            raw = args.out / "digits_mlp-input.npy"
-            args.out.mkdir(parents=True, exist_ok=True)
+            raw = scratch / "digits_mlp-input.npy"
             np.save(raw, array)
             for c in (1, 4, 8):
                 target = f"http-raw://127.0.0.1:{port2}/predict/{MODEL}"
-                tput[f"FastAPI 2 workers c{c}"] = load(target, c, args.load_s, args.out, f"fastapi-c{c}",
+                tput[f"FastAPI 2 workers c{c}"] = load(target, c, args.load_s, scratch, f"fastapi-c{c}",
                                                       "--input-file", str(raw), server_pid=api_pid,
                                                       loop_thread=False)  # fmt: skip
     if "load" not in skip:
@@ -671,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         title = f"the same runs: CPU µs per request, and the throughput {cpus} CPUs allow at that cost"
         print(markdown_table(title, tput, CPU_COLUMNS))
     if "squeezenet" not in skip:
-        result["squeezenet"] = squeezenet(args.out, args.load_s)
+        result["squeezenet"] = squeezenet(scratch, args.load_s)
     if "alloc" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             lib = build_counter(Path(tmp))
@@ -697,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out, "latency", {**head, "machine": machine_info(), "commit": git_commit(), **result}
     )
     print(f"\nwrote {path}")
+    scratch_dir.cleanup()
     return 0
 
 
