@@ -7,6 +7,7 @@ ends on one server per worker mode, over real loopback sockets, with SqueezeNet'
 import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -200,6 +201,49 @@ def test_requests_pipelined_after_a_body_read_into_its_slot_are_answered_in_orde
     np.testing.assert_allclose(_output(answers[2][1], answers[2][2]), expected_second, rtol=1e-5, atol=1e-6)
     assert json.loads(answers[1][2]) == json.loads(answers[3][2]) == {"ready": True}
     _wait_for(lambda: _slots_back(server))
+
+
+def test_after_a_body_read_into_its_slot_that_asks_to_close_nothing_more_is_taken(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Connection: close`` on a body read past the parser: it is answered and the connection
+    closes; a request pipelined after it is not parsed (as llhttp refuses data after close), so
+    it is lent no slot and gets no answer."""
+    rt = _engine(server).runtime(MODEL)
+    lent: list[int] = []
+    receive_slot = rt.receive_slot
+    monkeypatch.setattr(rt, "receive_slot", lambda n: (lent.append(n), receive_slot(n))[1])
+    x = _image()
+    closing = _binary_request(x).replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n", 1)
+    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _send_in_pieces(sock, closing + _binary_request(x), piece=100_000)
+        buf = bytearray()
+        status, headers, body = read_response(sock, buf)
+        assert status == 200, body[:300]
+        assert headers.get("connection") == "close"
+        rest = bytes(buf)
+        while chunk := sock.recv(65536):
+            rest += chunk
+        assert rest == b""  # no second answer: closed after the first
+    assert len(lent) == 1  # the second body was never looked at
+    _wait_for(lambda: _slots_back(server))
+
+
+def test_unloading_waits_for_a_read_into_a_revoked_slot_to_end() -> None:
+    """A front end's transport holds a view of a lent slot for the length of one read (the slot
+    may be revoked meanwhile, by an unload on another thread): the region unmaps once the read
+    lets go, instead of the unload failing with BufferError."""
+    settings = EngineConfig(worker_mode="process", thread_count=1, pin=False)
+    with Engine(models=[MODEL], settings=settings) as engine:
+        rt = engine.runtime(MODEL)
+        lent = rt.receive_slot(1 << 16)
+        assert lent is not None
+        reading = [lent[1][100:]]  # what a transport's read holds: a slice of the lent view
+        threading.Timer(0.2, reading.clear).start()  # the read ends
+        engine.unload(MODEL)  # revokes the slot, then unmaps the region
+        assert not reading
+        assert MODEL not in engine.models()
 
 
 def test_a_body_stalled_while_read_into_its_slot_is_408_and_its_slot_comes_back() -> None:

@@ -95,6 +95,9 @@ SPAWN = multiprocessing.get_context("spawn")  # workers start clean: no inherite
 # Replacement backoff after a worker that died while loading: 0.1 s doubling to 5 s (guessed: a
 # model that fails to load keeps failing; a transient failure, e.g. memory, clears in seconds).
 RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
+# release_memory: how long the region may still be in use by a read that was under way when its
+# slots were revoked (one socket read; guessed ample)
+UNMAP_WAIT_S = 2.0
 START_TIMEOUT_S = 120.0  # a worker that has not loaded by then is killed and retried
 
 log = logging.getLogger("lumenrt.engine")
@@ -269,7 +272,15 @@ class ProcessPool:
         del self._completions
         del rt.ring
         rt.level_rings, rt.doorbell = [], None  # the rings live in the region too
-        rt.region.close()
+        deadline = time.monotonic() + UNMAP_WAIT_S
+        while True:
+            try:
+                rt.region.close()
+                break
+            except BufferError:  # a read into a revoked slot may still be under way (a front end's
+                if time.monotonic() > deadline:  # transport holds its view for the one read):
+                    raise  # ... or a view was kept for good, which is a bug to report
+                time.sleep(0.001)
         os.close(rt._fd)
         self._stop_r.close()
         self._stop_w.close()

@@ -46,8 +46,13 @@ Receiving (``asyncio.BufferedProtocol``)
     body bytes still to come), reads go straight into the slot (``SlotBody.rest``), past the
     parser: the parser expects those bytes no more, so the message is completed here and the
     parser replaced (it keeps no other state between messages). A read never goes past the body,
-    so a pipelined request after it is parsed as usual. If the slot is revoked meanwhile, the rest
-    of the body is read into the shared buffer and dropped, and the request answered 503.
+    so a pipelined request after it is parsed as usual; after a body whose request asked to close
+    (``Connection: close``, HTTP/1.0), input is dropped, as llhttp does. If the slot is revoked
+    meanwhile, the rest of the body is read into the shared buffer and dropped, and the request
+    answered 503.
+  - A read made from inside one of our callbacks (asyncio's own TLS transport reads while it
+    closes) lands in a buffer of its own and is parsed after the bytes being parsed, in order:
+    the shared buffer is never overwritten under the parser.
 """
 
 import asyncio
@@ -78,6 +83,7 @@ from lumenrt.protocols.tcp_receiver import ReadBuffer
 MAX_PIPELINED = 64  # parsed requests waiting on one connection before reading pauses (guessed)
 HEADER_LENGTH = b"inference-header-content-length"
 JOIN_BELOW_BYTES = 64 << 10  # a smaller answer is joined into one buffer (one write)
+NESTED_READ_BYTES = 64 << 10  # a read from inside a callback (Receiving, at the top)
 _JSON = b"application/json"
 _OCTETS = b"application/octet-stream"
 
@@ -154,6 +160,10 @@ class HttpConnection(Connection, asyncio.BufferedProtocol):
         self._body_bytes = 0
         self._slot_body: SlotBody | None = None  # the body arriving into an arena slot
         self._direct_left = 0  # its bytes still to come, read past the parser (the top)
+        self._after_close = False  # such a body's request asked to close: input is dropped
+        self._feeding = False  # the parser is being fed from the shared read buffer
+        self._nested: list[bytes] = []  # bytes read while it is (Receiving, at the top)
+        self._nested_buf = memoryview(b"")
         self._headers_done = False  # header fields from here on are trailers (dropped)
         self._http_10 = False
         self._decoder: ContentDecoder | None = None
@@ -174,6 +184,9 @@ class HttpConnection(Connection, asyncio.BufferedProtocol):
         super().connection_lost(exc)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._feeding:  # a read from inside our own callback (asyncio's TLS on close): apart
+            self._nested_buf = memoryview(bytearray(max(sizehint, NESTED_READ_BYTES)))
+            return self._nested_buf
         view = self.server.read_buffer.view
         left = self._direct_left
         if not left:
@@ -187,12 +200,15 @@ class HttpConnection(Connection, asyncio.BufferedProtocol):
         return view[: min(left, len(view))]  # the rest of a body being dropped
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._feeding:  # the nested read above: parsed after the bytes being parsed now
+            self._nested.append(bytes(self._nested_buf[:nbytes]))
+            return
+        if self._after_close:  # a body read past the parser asked to close: nothing follows
+            self.received += 1
+            return
         left = self._direct_left
         if not left:
-            self.data_received(self.server.read_buffer.ro[:nbytes])
-            slot_body = self._slot_body
-            if slot_body is not None and slot_body.seen >= slot_body.header_length and not self.closing:
-                self._direct_left = slot_body.total - slot_body.seen  # > 0: it would be complete
+            self._parse(self.server.read_buffer.ro[:nbytes])
             return
         self.received += 1
         self._continue_owed = False
@@ -204,11 +220,37 @@ class HttpConnection(Connection, asyncio.BufferedProtocol):
         if self._direct_left:
             return
         parser = self.parser  # it still expects the body: it reads the request line and headers
+        keep_alive = parser.should_keep_alive()
+        self._feeding = True  # (a nested read waits for the new parser)
         try:
             self.on_message_complete()
+        except Exception as exc:  # as a callback's error on the parser's path
+            self._fail(as_server_error(exc))
         finally:
+            self._feeding = False
             if self.parser is parser:
                 self.parser = httptools.HttpRequestParser(self)
+                # as llhttp after Connection: close (or HTTP/1.0): what the client sends after it
+                # is not requests (the connection closes once this one is answered)
+                self._after_close = not keep_alive
+        nested, self._nested = self._nested, []
+        if nested and not self._after_close:
+            self._parse(b"".join(nested))
+
+    def _parse(self, data: bytes | memoryview) -> None:
+        """Feed the parser ``data``, then what reads made meanwhile brought (the top); then read
+        the rest of a body past the parser if one is due."""
+        self._feeding = True
+        try:
+            self.data_received(data)
+            while self._nested:
+                self.data_received(self._nested.pop(0))
+        finally:
+            self._feeding = False
+            self._nested.clear()
+        slot_body = self._slot_body
+        if slot_body is not None and slot_body.seen >= slot_body.header_length and not self.closing:
+            self._direct_left = slot_body.total - slot_body.seen  # > 0: it would be complete
 
     def data_received(self, data: bytes | memoryview) -> None:
         self.received += 1

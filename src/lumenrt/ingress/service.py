@@ -695,6 +695,7 @@ class InferenceService:
         try:
             result = rt.run_inline(arrays, None, timeout_s)
         except Exception as exc:
+            self._lane_spent_ns += time.monotonic_ns() - start  # a failed run used the turn too
             error = as_server_error(exc)
             self._count(rt, start, False, protocol, error.status, request_id)
             raise error from None
