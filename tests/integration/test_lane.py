@@ -238,14 +238,7 @@ def test_pipelined_answers_each_carry_their_own_inputs_result(engine: Engine, se
         ids = [tcp.send(MODEL, _distinct(i)) for i in range(n)]
         for i, rid in enumerate(ids):
             np.testing.assert_allclose(tcp.recv(rid).outputs["probabilities"], want[i], rtol=1e-6)
-    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=WAIT_S) as sock:
-        sock.sendall(_pipelined(n))
-        buf = bytearray()
-        for i in range(n):
-            status, headers, answer = read_response(sock, buf)
-            assert status == 200, answer[:200]
-            at = int(headers["inference-header-content-length"])
-            np.testing.assert_allclose(np.frombuffer(answer[at:], np.float32), want[i].ravel(), rtol=1e-6)
+    _pipelined_answers_match(server.ports["http"], want)
     assert engine.runtime(MODEL).lane.stats.requests > lane_before  # some ran on the lane
 
 
@@ -262,6 +255,18 @@ def _pipelined(n: int) -> bytes:
     return b"".join(out)
 
 
+def _pipelined_answers_match(port: int, want: list[np.ndarray]) -> None:
+    """``_pipelined(len(want))`` in one write to the HTTP port; each answer is its own input's."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(_pipelined(len(want)))
+        buf = bytearray()
+        for expected in want:
+            status, headers, answer = read_response(sock, buf)
+            assert status == 200, answer[:200]
+            at = int(headers["inference-header-content-length"])
+            np.testing.assert_allclose(np.frombuffer(answer[at:], np.float32), expected.ravel(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("turn_us", [0, 60_000_000])
 def test_a_turn_runs_inline_until_its_budget_then_hands_the_rest_to_the_workers(turn_us: int) -> None:
     """32 pipelined requests in one write reach the loop in one turn (engine.lane_turn_us): with
@@ -276,14 +281,7 @@ def test_a_turn_runs_inline_until_its_budget_then_hands_the_rest_to_the_workers(
         want = [eng.infer(MODEL, _distinct(i)).outputs["probabilities"] for i in range(n)]
         rt = eng.runtime(MODEL)
         lane_before, all_before = rt.lane.stats.requests, rt.statistics()["requests"]
-        with socket.create_connection(("127.0.0.1", st.ports["http"]), timeout=WAIT_S) as sock:
-            sock.sendall(_pipelined(n))
-            buf = bytearray()
-            for i in range(n):
-                status, headers, answer = read_response(sock, buf)
-                assert status == 200, answer[:200]
-                at = int(headers["inference-header-content-length"])
-                np.testing.assert_allclose(np.frombuffer(answer[at:], np.float32), want[i].ravel(), rtol=1e-6)
+        _pipelined_answers_match(st.ports["http"], want)
         inline = rt.lane.stats.requests - lane_before
         if turn_us:
             assert inline == n
