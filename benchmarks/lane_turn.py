@@ -23,7 +23,7 @@ from typing import Any
 
 from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.bench.serve_process import start_serve
-from roundtrip import bench_load, cpu_s, load_figures, markdown_table  # beside this file
+from roundtrip import bench_load_cpu, markdown_table  # beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "digits_mlp"
@@ -36,13 +36,7 @@ def drive(server: Any, target: str, concurrency: int, seconds: float, out: Path)
     args = ["--target", url, "--model", MODEL, "--metadata-url", f"http://{server.http_url}",
             "--concurrency", str(concurrency), "--duration-s", str(seconds),
             "--warmup-s", str(WARMUP_S), "--no-stages", "--out", str(out)]  # fmt: skip
-    before = cpu_s(server.proc.pid)
-    summary = bench_load(*args)
-    got = load_figures(summary)
-    requests = max(got["throughput_per_s"] * (seconds + WARMUP_S), 1.0)  # the warm-up at about the same rate
-    got["server_cpu_us"] = (cpu_s(server.proc.pid) - before) / requests * 1e6
-    got["client_cpu_us"] = float((summary.get("load_cpu") or {}).get("us_per_request") or "nan")
-    return got
+    return bench_load_cpu(*args, server_pid=server.proc.pid, seconds=seconds, warmup_s=WARMUP_S)
 
 
 def turn(

@@ -73,12 +73,11 @@ from roundtrip import (
     _echo_server_main,
     _measure_echo,
     bench_load,
-    cpu_s,
+    bench_load_cpu,
     frame_sizes,
     load_figures,
     markdown_table,
     stats,
-    tree_cpu_s,
 )  # beside this file
 
 HERE = Path(__file__).resolve().parent
@@ -423,19 +422,13 @@ def load(
     args = ["--target", target, "--model", model, "--concurrency", str(concurrency),
             "--duration-s", str(seconds), "--warmup-s", "1", "--no-stages", "--out", str(out_dir),
             "--name", name, *extra]  # fmt: skip
-    runs = []
-    for _ in range(LOAD_REPEATS):
-        before = (cpu_s(server_pid, server_pid), tree_cpu_s(server_pid)) if server_pid else (0.0, 0.0)
-        summary = bench_load(*args, python=python)
-        got = load_figures(summary)
-        if server_pid:
-            # the warm-up ran at about the same rate
-            requests = max(got["throughput_per_s"] * (seconds + 1.0), 1.0)
-            loop_s = cpu_s(server_pid, server_pid) - before[0] if loop_thread else math.nan
-            got["loop_cpu_us"] = loop_s / requests * 1e6
-            got["server_cpu_us"] = (tree_cpu_s(server_pid) - before[1]) / requests * 1e6
-            got["client_cpu_us"] = float((summary.get("load_cpu") or {}).get("us_per_request") or "nan")
-        runs.append(got)
+    runs = [
+        bench_load_cpu(*args, server_pid=server_pid, seconds=seconds, warmup_s=1.0, loop_thread=loop_thread,
+                       python=python)
+        if server_pid
+        else load_figures(bench_load(*args, python=python))
+        for _ in range(LOAD_REPEATS)
+    ]  # fmt: skip
     keys = ("throughput_per_s", "p50_us", "p99_us")
     if server_pid:
         keys += CPU_COLUMNS[:3]

@@ -51,6 +51,29 @@ def bench_load(*args: str, python: str | None = None) -> dict[str, Any]:
     return summary
 
 
+def bench_load_cpu(
+    *args: str,
+    server_pid: int,
+    seconds: float,
+    warmup_s: float,
+    loop_thread: bool = True,
+    python: str | None = None,
+) -> dict[str, float]:
+    """``load_figures`` of one ``bench_load`` run (``args`` give ``seconds`` measured after
+    ``warmup_s``), and where the CPU went per request: the server's event-loop thread (its main
+    thread; nan without ``loop_thread``), the whole server (its processes) and the load generator
+    (its measured window; nan from an install that does not report it)."""
+    loop0, server0 = cpu_s(server_pid, server_pid), tree_cpu_s(server_pid)
+    summary = bench_load(*args, python=python)
+    got = load_figures(summary)
+    requests = max(got["throughput_per_s"] * (seconds + warmup_s), 1.0)  # the warm-up at about the same rate
+    loop_s = cpu_s(server_pid, server_pid) - loop0 if loop_thread else float("nan")
+    got["loop_cpu_us"] = loop_s / requests * 1e6
+    got["server_cpu_us"] = (tree_cpu_s(server_pid) - server0) / requests * 1e6
+    got["client_cpu_us"] = float((summary.get("load_cpu") or {}).get("us_per_request") or "nan")
+    return got
+
+
 def load_figures(summary: dict[str, Any]) -> dict[str, float]:
     """Throughput, p50 and p99 (µs) and errors of a ``bench_load`` summary."""
     lat = summary["latency_us"]
