@@ -147,7 +147,7 @@ def test_requests_queued_behind_a_busy_worker_are_batched(engine: Engine) -> Non
     finally:
         gate.set()
     for i, req in enumerate([first, *queued]):
-        assert rt.table.latches.wait(req.index, timeout_s=30)
+        assert rt.wait(req, timeout_s=30)
         assert req.error is None and req.outputs is not None
         np.testing.assert_allclose(req.outputs["y"], x * (i + 1) * 2)
         rt.release(req)
@@ -245,7 +245,7 @@ def test_queue_full_is_rejected_at_once_and_expired_requests_never_run(engine: E
     for t in [first, *expiring]:
         t.join(30)
     for req in fillers:
-        assert rt.table.latches.wait(req.index, timeout_s=30)
+        assert rt.wait(req, timeout_s=30)
         rt.release(req)
     timeouts = [r for r in results if isinstance(r, RequestTimeout)]
     assert len(timeouts) == 3, results

@@ -237,7 +237,7 @@ def test_queue_admits_exactly_max_queue_size_and_names_the_limit(repo: Path, gat
         assert all("max_queue_size: 5" in str(e) and e.status == 503 for e in refused)
         slow_model_state.GATE.set()
         for req in [held, *accepted]:
-            assert rt.table.latches.wait(req.index, timeout_s=HANG_S), "a queued request was never answered"
+            assert rt.wait(req, timeout_s=HANG_S), "a queued request was never answered"
             rt.release(req)
 
 
@@ -369,9 +369,11 @@ def test_worker_whose_engine_died_before_it_armed_exits_at_once(repo: Path) -> N
     finds another parent (its engine died while it started) exits before touching anything."""
     lm = ModelRepository(repo).load("add")[0]
     region, fd = create_unnamed(4096, tag="t")
+    wake = os.eventfd(0)
     try:
         spec = WorkerSpec(
             memory=PassedFd(fd),
+            notifier=PassedFd(wake),
             memory_bytes=4096,
             parent_pid=os.getpid() + 1_000_000,  # not our pid: as if the engine were gone
             offsets={},
@@ -392,3 +394,4 @@ def test_worker_whose_engine_died_before_it_armed_exits_at_once(repo: Path) -> N
     finally:
         region.close()
         os.close(fd)
+        os.close(wake)

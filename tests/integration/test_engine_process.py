@@ -2,6 +2,7 @@
 exactly what it held, is replaced, and the model is ready again; the shared memory is unnamed
 (nothing in /dev/shm at any time)."""
 
+import asyncio
 import os
 import signal
 import threading
@@ -155,3 +156,80 @@ def test_killed_worker_fails_its_requests_is_replaced_and_ready_again(own_engine
     y = engine.infer("sleepy", {"x": np.zeros((1, 2), np.float32)}).outputs["y"]
     assert np.all(y == 0)
     assert rt.statistics()["arena"]["in_use"] == 0
+
+
+def test_async_answers_reach_the_loop_through_the_models_own_ring_with_no_thread_between(
+    engine: Engine,
+) -> None:
+    """Worker processes push asynchronous answers to their model's completion ring, which the
+    event loop drains itself: the engine's own completion ring carries none of them, no consumer
+    ever sleeps on the model's ring (no futex wake-up per answer), and no completion thread runs."""
+    rt = engine.runtime("add")
+    before = rt.workers._completions.stats()
+    engine_ring = engine._async.ring.stats()["pushed"] if engine._async is not None else 0
+
+    async def many() -> list[np.ndarray]:
+        results = await asyncio.gather(
+            *(engine.infer_async("add", {"x": np.full((1, 4), i, np.float32)}) for i in range(200))
+        )
+        return [r.outputs["y"] for r in results]
+
+    outputs = asyncio.run(many())
+    for i, y in enumerate(outputs):
+        np.testing.assert_array_equal(y, np.full((1, 4), i + 1, np.float32))
+    after = rt.workers._completions.stats()
+    assert after["popped"] - before["popped"] == 200  # every answer came through the model's ring
+    assert after["futex_wakes"] == before["futex_wakes"]  # nobody slept on it: no wake-up
+    assert engine._async is not None and engine._async.ring.stats()["pushed"] == engine_ring
+    assert not [t.name for t in threading.enumerate() if t.name.endswith("-done")]
+    assert rt.table.free == len(rt.table.records)
+
+
+def test_killed_worker_fails_its_async_request_through_the_loop(own_engine: Engine) -> None:
+    """The supervisor's WORKER_DIED notice for an asynchronous request reaches its caller through
+    the event loop; the other worker's request is answered."""
+    engine = own_engine
+    rt = engine.runtime("sleepy")
+    pid = rt.statistics()["pids"][0]
+
+    async def two_then_kill() -> list[object]:
+        calls = [
+            asyncio.ensure_future(engine.infer_async("sleepy", {"x": np.full((1, 2), 2.0, np.float32)}))
+            for _ in range(2)
+        ]
+        deadline = time.monotonic() + 30
+        while rt.statistics()["ring"]["popped"] < 2:  # each worker holds one
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+
+    outcomes = asyncio.run(two_then_kill())
+    died = [o for o in outcomes if isinstance(o, WorkerDied)]
+    answered = [o for o in outcomes if not isinstance(o, BaseException)]
+    assert len(died) == 1 and len(answered) == 1, outcomes  # exactly the killed worker's request failed
+    assert rt.table.free == len(rt.table.records)
+
+
+def test_unloading_from_another_thread_answers_what_the_loop_awaits(own_engine: Engine) -> None:
+    """``lumenrt serve`` unloads from an executor thread while its loop runs: the loop still drains
+    the model's ring (its last drain is its own, then it lets go), so requests in flight are
+    answered, and the reader is gone before the eventfd closes."""
+    engine = own_engine
+    rt = engine.runtime("sleepy")
+    pool = rt.workers
+
+    async def unload_while_busy() -> list[object]:
+        loop = asyncio.get_running_loop()
+        calls = [
+            asyncio.ensure_future(engine.infer_async("sleepy", {"x": np.full((1, 2), 0.3, np.float32)}))
+            for _ in range(4)
+        ]
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(loop.run_in_executor(None, engine.unload, "sleepy"), 30)
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+
+    outcomes = asyncio.run(unload_while_busy())
+    assert len(outcomes) == 4 and all(not isinstance(o, Exception) for o in outcomes), outcomes
+    assert pool._loop is None and pool.notifier is None  # let go, then released

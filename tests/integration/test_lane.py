@@ -153,7 +153,7 @@ def test_a_busy_queue_sends_requests_to_the_workers(tmp_path: Path) -> None:
         finally:
             slow_model_state.GATE.set()
         for req in (held, waiting):
-            assert rt.table.latches.wait(req.index, timeout_s=WAIT_S)
+            assert rt.wait(req, timeout_s=WAIT_S)
             assert req.error is None
             rt.release(req)
 
@@ -186,7 +186,7 @@ def test_one_request_at_a_time_on_the_lane(tmp_path: Path) -> None:
         assert rt.run_inline(x) is None
         queued = rt.submit(x)  # so this caller's request goes to the workers
         slow_model_state.GATE.set()
-        assert rt.table.latches.wait(queued.index, timeout_s=WAIT_S)
+        assert rt.wait(queued, timeout_s=WAIT_S)
         assert queued.error is None
         rt.release(queued)
 

@@ -93,7 +93,7 @@ def hold_worker(rt: Any) -> Any:
 
 
 def answered(rt: Any, req: Any) -> Any:
-    assert rt.table.latches.wait(req.index, timeout_s=WAIT_S)
+    assert rt.wait(req, timeout_s=WAIT_S)
     error, outputs = req.error, req.outputs
     rt.release(req)
     return error if error is not None else outputs

@@ -6,9 +6,12 @@
 
     result = await engine.infer_async("squeezenet", {"data": image}, timeout_s=0.5)
 
-Async completions travel back through one completion ring and an eventfd notifier watched by the
+Async completions travel back through a completion ring and an eventfd notifier watched by the
 running event loop (``loop.add_reader``): a worker that finishes a request pushes its index and
 wakes the loop only if the loop is asleep, so a busy loop pays no system call per completion.
+Thread-mode workers push to the engine's ring; worker processes push to their model's own ring
+in shared memory, which the loop drains itself (process_pool.py: ``attach``), so an answer from
+a worker process crosses one ring and at most one wake-up, with no thread in between.
 
 Inline completion: when the request just submitted is the only one outstanding, ``infer_async``
 first polls the completion ring for up to ``spin_us`` with the GIL released (the worker runs
@@ -32,6 +35,7 @@ from lumenrt.backends.base import Placement, get_backend
 from lumenrt.engine.config import ModelConfig
 from lumenrt.engine.descriptors import answer_model_id, try_push_answer
 from lumenrt.engine.placing import placements_of, plan_engine
+from lumenrt.engine.process_pool import ProcessPool
 from lumenrt.engine.repository import ModelNotFound, ModelRepository
 from lumenrt.engine.request import (
     Array,
@@ -114,12 +118,17 @@ class _AsyncCompletions:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_ns = 0
         self.answered_at_deadline = 0
+        # the process pools this loop drains (ProcessPool.attach), as of engine._pools_version
+        self.pools: list[ProcessPool] = []
+        self._pools_seen = -1
         # Waits on this handle happen only in poll(): spin for the whole window, never sleep
         # (a futex wake-up costs ~10 us here, the whole of a small model's compute).
         self.ring.spin_ns = engine.settings.spin_us * 1000
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.loop is loop:
+            if self._pools_seen != self._engine._pools_version:
+                self._attach_pools()
             return
         if self.loop is not None and not self.loop.is_closed():
             self.loop.remove_reader(self.notifier.fileno())
@@ -131,6 +140,21 @@ class _AsyncCompletions:
         loop.add_reader(self.notifier.fileno(), self.drain)
         self.notifier.arm()
         self.drain()
+        self._attach_pools()
+
+    def _attach_pools(self) -> None:  # event loop thread
+        """This loop drains every running process pool's completion ring (a pool moves here
+        from another loop; one closing stays as it is)."""
+        engine, loop = self._engine, self.loop
+        assert loop is not None
+        self._pools_seen = engine._pools_version
+        self.pools = [
+            rt.workers
+            for rt in engine._by_id.values()
+            if isinstance(rt.workers, ProcessPool) and not rt.closed
+        ]
+        for pool in self.pools:
+            pool.attach(loop, engine._resolve)
 
     def on_done(self, req: InferRequest) -> None:  # worker thread
         if not try_push_answer(self.ring, req):
@@ -138,8 +162,13 @@ class _AsyncCompletions:
             self.overflow.append((req.model_id, req.index))
         self.notifier.notify()
 
-    def poll(self, timeout_s: float) -> None:  # event loop thread
-        """Wait up to ``timeout_s`` (GIL released) for a completion; resolve what arrived."""
+    def poll(self, timeout_s: float, rt: ModelRuntime) -> None:  # event loop thread
+        """Wait up to ``timeout_s`` (GIL released) for a completion of ``rt``'s; resolve what
+        arrived."""
+        workers = rt.workers
+        if isinstance(workers, ProcessPool):
+            workers.poll(timeout_s)
+            return
         for item in self.ring.pop_many(256, timeout_s=timeout_s):
             self._engine._resolve(answer_model_id(item), item.request_id)
 
@@ -178,6 +207,8 @@ class _AsyncCompletions:
     def _expire(self) -> None:  # event loop thread: the timer
         self._timer = None
         self.drain()  # answers already back are answered as such, not as timeouts
+        for pool in self.pools:
+            pool.drain()
         deadlines = self._deadlines
         now_ns = time.monotonic_ns()
         while deadlines and deadlines[0][0] <= now_ns + DEADLINE_SLACK_NS:
@@ -223,6 +254,7 @@ class Engine:
         self._by_id: dict[int, ModelRuntime] = {}
         self._next_id = 0
         self._async: _AsyncCompletions | None = None
+        self._pools_version = 0  # bumped when a process pool starts: the loop attaches it
         self.closed = False
         names = list(models) if models is not None else [m.name for m in self.repository.index()]
         self.ingress_threads = ingress_threads
@@ -308,6 +340,7 @@ class Engine:
                     rec.model_id = runtime.model_id
                 fresh[lm.version] = runtime
                 runtime.start()
+                self._pools_version += 1
                 self._check_locality(runtime)
         except BaseException:
             for rt in fresh.values():
@@ -466,7 +499,7 @@ class Engine:
             completions.watch(req)
         if completions.outstanding == 1 and self.settings.spin_us:
             try:
-                completions.poll(self.settings.spin_us / 1e6)  # inline completion (see the top)
+                completions.poll(self.settings.spin_us / 1e6, rt)  # inline completion (see the top)
             except Exception:  # raised by a callback answering it: admitted and answered, not refused
                 logger.exception("answering a request inline failed")
         return req
@@ -498,7 +531,7 @@ class Engine:
         if req.deadline_ns:
             completions.watch(req)
         if completions.outstanding == 1 and self.settings.spin_us:
-            completions.poll(self.settings.spin_us / 1e6)  # inline completion (see the top)
+            completions.poll(self.settings.spin_us / 1e6, rt)  # inline completion (see the top)
         try:
             await future
         except asyncio.CancelledError:

@@ -1,16 +1,20 @@
 """The process pool: a model's workers as processes over the model's shared region.
 
 The runtime's region is an unnamed memfd here (runtime.py), handed to each worker at spawn. The
-pool adds to it the completion ring, one hold per worker, a cancel flag per request record and a
-status table. Threads in the engine process, beside the callers:
-  - the completion thread: the only one that completes asynchronous requests; it reads each
-    answer out of its slot and ignores duplicate notices (generation + finished flag);
-    synchronous callers are answered by the worker itself (status in the slot, their latch set)
-    and read the answer in their own thread (``collect``);
-  - the supervisor: it spawns every worker, so their parent-death signal (SIGKILL) is tied to a
-    thread that outlives them; when a worker dies it reports what the worker held (its hold, and
-    any claim the ring recovers) to the completion ring as WORKER_DIED notices and, unless
-    shutdown began, starts a replacement, retrying with backoff while replacements fail.
+pool adds to it the completion ring and its notifier, one hold per worker, a cancel flag per
+request record and a status table. How answers come back:
+  - synchronous requests: the worker writes the answer and its status into the slot and sets the
+    caller's latch; the caller reads the answer in its own thread (``collect``);
+  - asynchronous requests: the worker writes the answer into the slot, pushes a completion
+    descriptor and notifies (an eventfd write only while the consumer sleeps). The consumer is
+    the engine's event loop (``attach``): its reader drains the ring (``drain``), reads each
+    answer out of its slot and resolves its caller on the spot, ignoring duplicate notices
+    (generation + finished flag). No thread of the pool's own sits between worker and loop.
+The supervisor thread spawns every worker, so their parent-death signal (SIGKILL) is tied to a
+thread that outlives them; when a worker dies it fails what the worker held (its hold, and any
+claim the ring recovers): a synchronous request directly (error, then its latch), an
+asynchronous one by a WORKER_DIED notice to the completion ring; unless shutdown began it starts
+a replacement, retrying with backoff while replacements fail.
 
 Invariants (beside runtime.py's)
   1. Every request a worker took is answered exactly once: by the worker (a result or a clear
@@ -21,16 +25,22 @@ Invariants (beside runtime.py's)
   4. No replacement starts once ``stopping`` is set (shutdown began); dead workers' requests are
      still failed.
   5. Only the supervisor reaps worker processes; ``close`` waits on their sentinels and kills.
+  6. The completion ring has one consumer at a time: the attached event loop (its reader, its
+     inline poll, its deadline timer: all in the loop's thread), and after ``close`` detached it,
+     the thread closing the pool. Answers drained on the loop are resolved through ``answer``;
+     anywhere else through the request's ``on_done`` (safe from any thread).
 
 Shutdown order (the runtime has set closed and stopping, and closed the request ring)
   1. kill workers still loading (they hold nothing); the others drain the ring and exit; wait for
      them (kill after the grace period);
-  2. stop the supervisor (it reaps the workers and fails what any killed one held); close the
-     completion ring; the completion thread drains and ends;
-  3. fail whatever is still unanswered; then (``release_memory``) unmap the region and close its
+  2. stop the supervisor (it reaps the workers and fails what any killed one held);
+  3. detach the loop: in its own thread it drains the completion ring a last time and removes its
+     reader (``_detach``); what is left is drained by the closing thread;
+  4. fail whatever is still unanswered; then (``release_memory``) unmap the region and close its
      descriptor.
 """
 
+import asyncio
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -38,6 +48,7 @@ import os
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,18 +80,19 @@ from lumenrt.engine.request import (
     RequestTimeout,
     WorkerDied,
 )
-from lumenrt.engine.slot_layout import header, read_error, read_tensors
+from lumenrt.engine.slot_layout import read_answer, read_error, read_tensors
 from lumenrt.engine.worker import WorkerStats
 from lumenrt.native import (
     DESC_DTYPE,
     HOLD_DONE,
     HOLD_HEADER_BYTES,
+    NOTIFIER_BYTES,
     Latches,
     Layout,
+    Notifier,
     PassedFd,
     Region,
     Ring,
-    RingClosed,
     create_unnamed,
     hold_init,
     hold_required_bytes,
@@ -99,6 +111,9 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
 # slots were revoked (one socket read; guessed ample)
 UNMAP_WAIT_S = 2.0
 START_TIMEOUT_S = 120.0  # a worker that has not loaded by then is killed and retried
+# close: how long the attached event loop may take to drain the completion ring a last time and
+# let go of it (guessed: one loop turn is well under a second; the loop awaits close meanwhile)
+DETACH_WAIT_S = 10.0
 
 log = logging.getLogger("lumenrt.engine")
 
@@ -114,8 +129,9 @@ def _hold_bytes(config: ModelConfig) -> int:
 class ProcessPool:
     @staticmethod
     def add_sections(lay: Layout, config: ModelConfig, table_size: int, n_workers: int) -> None:
-        """The completion ring, the holds, the cancel flags and the status table."""
+        """The completion ring and its notifier, the holds, the cancel flags and the status table."""
         lay.add(ring_required_bytes(ring_capacity(2 * table_size)), name="completions")
+        lay.add(NOTIFIER_BYTES, name="notifier")
         lay.add(_hold_bytes(config) * n_workers, name="holds")
         lay.add(table_size, name="cancel")
         lay.add(n_workers * STATUS_COLS * 8, name="status")
@@ -138,8 +154,18 @@ class ProcessPool:
         self._completions = Ring.create(
             region, "mpmc", ring_capacity(2 * table_size), offset=offsets["completions"]
         )
-        self._completions.spin_ns = 0  # this process's handle: the completion thread polls
-        self._signal: list[int] = []  # completed by the completion thread, latches set at its next pop
+        # this process's handle: only the event loop pops, and only its inline poll waits (spinning
+        # through the whole window, never sleeping: see engine.py)
+        self._completions.spin_ns = runtime.options.spin_us * 1000
+        # wakes the consumer's loop when a worker or the supervisor pushes while it sleeps; the
+        # workers get its eventfd at spawn
+        self.notifier: Notifier | None = Notifier.create(region, offset=offsets["notifier"])
+        # the consumer (invariant 6): the loop whose reader drains the ring, and how it resolves
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._answer: Callable[[int, int], None] | None = None  # (model id, request index)
+        self._closing = False  # close began: no loop attaches any more
+        self._detach_lock = threading.Lock()  # close's hand-over only, never per request
+        self._kept = False  # a loop that never let go keeps the region (release_memory)
         for i in range(n):
             hold_init(region, offsets["holds"] + i * hold_bytes, hold_capacity)
         self._cancel = np.ndarray(table_size, np.uint8, buffer=memoryview(region), offset=offsets["cancel"])
@@ -159,6 +185,7 @@ class ProcessPool:
         self._specs = [
             WorkerSpec(
                 memory=PassedFd(runtime._fd),
+                notifier=PassedFd(self.notifier.fileno()),
                 memory_bytes=len(memoryview(region)),
                 parent_pid=os.getpid(),
                 offsets=offsets,
@@ -178,9 +205,6 @@ class ProcessPool:
         ]
         self._procs: list[Any] = [None] * n
         self._stop_r, self._stop_w = multiprocessing.Pipe(duplex=False)
-        self._completer = threading.Thread(
-            target=self._complete_loop, name=f"lumenrt-{config.name}-done", daemon=True
-        )
         self._supervisor = threading.Thread(
             target=self._supervise, name=f"lumenrt-{config.name}-supervisor", daemon=True
         )
@@ -189,7 +213,7 @@ class ProcessPool:
         self._started = False  # start() returned: deaths from now on are replaced
         self.stopping = False  # shutdown began: no worker is replaced any more
         # per-request statistics as the thread pool keeps them, added up where answers are read:
-        # one WorkerStats per reading thread (the completion thread, synchronous callers), so each
+        # one WorkerStats per reading thread (the event loop, synchronous callers), so each
         # has one writer; with it, request rows by the size of the batch they ran in
         self._reader_stats: dict[int, tuple[WorkerStats, dict[int, int]]] = {}
         self.worker_deaths = 0
@@ -208,7 +232,6 @@ class ProcessPool:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the workers and wait until every one has loaded its model."""
-        self._completer.start()
         self._supervisor.start()
         self._spawned.wait()
         if self._spawn_error is not None:
@@ -243,7 +266,8 @@ class ProcessPool:
         self.stopping = True
 
     def close(self, timeout_s: float) -> None:
-        """Steps 1-3 of the shutdown order (see the top); the request ring is closed."""
+        """Steps 1-4 of the shutdown order (see the top); the request ring is closed."""
+        self._closing = True
         for i, p in enumerate(self._procs):  # still loading: it holds no request, and would only
             if p is not None and p.pid is not None and self._status[i, 1] == STARTING:  # see the
                 p.kill()  # closed ring once its model has loaded
@@ -255,15 +279,21 @@ class ProcessPool:
         self._stop_w.send(b"x")
         if self._supervisor.is_alive():
             self._supervisor.join(15)
-        self._completions.close()
-        if self._completer.is_alive():
-            self._completer.join(10)
+        self._detach()
+        self._drain(self._complete_anywhere)  # left after the loop let go, or with no loop
         self._fail_unfinished()
 
     def release_memory(self) -> None:
         """Unmap the region and close its descriptor. Latches move to private memory, all set, so
         a late waiter returns at once; the arena goes (a later release frees no slot)."""
         rt = self._rt
+        if self._kept:
+            log.error(
+                "model %r: its event loop never let go of the completion ring: the region stays mapped",
+                self.config.name,
+            )
+            return
+        self.notifier = None  # closes its eventfd and lets go of the region
         self._cancel = self._status = None  # type: ignore[assignment]
         self._holds = []
         rt.arena = None
@@ -313,59 +343,136 @@ class ProcessPool:
 
     def collect(self, req: InferRequest) -> None:
         """A synchronous request whose latch is set: if the worker answered it itself (not the
-        supervisor through the completion thread), read the answer from its slot."""
+        supervisor, which fails what a dead worker held), read the answer from its slot."""
         if req.finished:
             return
         req.finished = True
-        arena = self._rt.arena
-        assert arena is not None
-        slot_view = arena.view(req.slot)
-        code = int(header(slot_view)["status"])
-        del slot_view
-        self._read_result(req, code, from_supervisor=False)
+        self._read_result(req, -1, from_supervisor=False)
 
     def cancel(self, req: InferRequest) -> None:
         cancel = self._cancel
         if cancel is not None:
             cancel[req.index] = 1
 
-    # ---- completion and supervision (threads) ----------------------------------------------
+    # ---- asynchronous answers: the consumer (invariant 6) ----------------------------------
 
-    def _complete_loop(self) -> None:
-        table = self._rt.table
-        records, latches, signal = table.records, table.latches, self._signal
+    def attach(self, loop: asyncio.AbstractEventLoop, answer: Callable[[int, int], None]) -> None:
+        """Event loop thread: from now on that loop drains the completion ring (its reader on the
+        notifier) and resolves each answer with ``answer(model id, request index)``. Attaching
+        to another loop moves the reader; a pool that is closing stays as it is."""
+        notifier = self.notifier
+        if self._closing or notifier is None or self._loop is loop:
+            return
+        old = self._loop
+        if old is not None and not old.is_closed():
+            old.remove_reader(notifier.fileno())
+        self._loop, self._answer = loop, answer
+        loop.add_reader(notifier.fileno(), self.drain)
+        self.drain()
+
+    def drain(self) -> None:
+        """The loop's reader: answer everything in the completion ring, then arm the notifier
+        (re-checking the ring after arming: see notifier.h)."""
+        notifier, ring = self.notifier, self._completions
+        if notifier is None or self._loop is None:  # detached: close drains what is left
+            return
+        notifier.drain()
+        while True:
+            self._drain(self._resolve_here)
+            notifier.arm()
+            if len(ring) == 0:
+                return
+
+    def poll(self, timeout_s: float) -> None:
+        """The loop's inline completion (engine.py): wait up to ``timeout_s`` for an answer,
+        spinning with the GIL released, and resolve what arrived."""
+        if self._loop is None:
+            return
+        for item in self._completions.pop_many(256, timeout_s=timeout_s):
+            self._take(item, self._resolve_here)
+
+    def _drain(self, resolve: Callable[[InferRequest], None]) -> None:
+        ring = self._completions
+        while True:
+            items = ring.pop_many(256, timeout_s=0)
+            if not items:
+                return
+            for item in items:
+                self._take(item, resolve)
+
+    def _take(self, item: Any, resolve: Callable[[InferRequest], None]) -> None:
+        req = self._rt.table.records[item.request_id]
+        if req.generation != completion_generation(item) or req.finished:
+            return  # a duplicate (the worker pushed, then died before marking its hold)
+        req.finished = True
+        self._read_result(req, completion_code(item), completion_source(item) == FROM_SUPERVISOR)
+        resolve(req)
+
+    def _resolve_here(self, req: InferRequest) -> None:  # the attached loop's thread
+        answer = self._answer
+        assert answer is not None
+        answer(req.model_id, req.index)
+
+    def _complete_anywhere(self, req: InferRequest) -> None:  # any thread: through on_done
+        self._rt.table.complete_now(req)
+
+    def _detach(self) -> None:
+        """Step 3 of the shutdown order: the attached loop drains the ring a last time in its
+        own thread and removes its reader; after that nothing else reads the ring but the
+        closing thread. A loop that does not answer within DETACH_WAIT_S keeps the region."""
+        loop, notifier = self._loop, self.notifier
+        if loop is None or notifier is None:
+            return
+        if loop.is_closed():  # its callers are gone: the closing thread drains (through on_done)
+            self._loop = None
+            return
         try:
-            while True:
-                try:  # sets the latches of what the last round completed, GIL released
-                    items = self._completions.pop_many(64, latches=latches, signal=signal)
-                except RingClosed:
-                    return
-                for item in items:
-                    req = records[item.request_id]
-                    if req.generation != completion_generation(item) or req.finished:
-                        continue  # a duplicate (worker pushed, then died before marking its hold)
-                    if req.on_done is None and latches.is_set(req.index):
-                        continue  # a sync request the worker answered itself before it died
-                    req.finished = True
-                    self._read_result(req, completion_code(item), completion_source(item) == FROM_SUPERVISOR)
-                    table.complete(req, signal)
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here or not loop.is_running():
+            self._let_go(loop, notifier)
+            return
+        done = threading.Event()
+
+        def last() -> None:  # the loop's thread
+            with self._detach_lock:
+                if self._loop is loop:  # not given up on by a close that stopped waiting
+                    self._let_go(loop, notifier)
+            done.set()
+
+        try:
+            loop.call_soon_threadsafe(last)
+        except RuntimeError:  # closed meanwhile: nothing runs on it any more
+            self._loop = None
+            return
+        if not done.wait(DETACH_WAIT_S):
+            with self._detach_lock:
+                if self._loop is loop:
+                    self._loop, self._kept = None, True
+
+    def _let_go(self, loop: asyncio.AbstractEventLoop, notifier: Notifier) -> None:
+        try:
+            self.drain()
         finally:
-            for index in signal:
-                latches.set(index)
-            signal.clear()
+            if not loop.is_closed():
+                loop.remove_reader(notifier.fileno())
+            self._loop = None
+
+    # ---- reading answers ---------------------------------------------------------------------
 
     def _read_result(self, req: InferRequest, code: int, from_supervisor: bool) -> None:
-        """Outputs or error out of the slot into the request (the slot is freed at release)."""
+        """Outputs or error out of the slot into the request (the slot is freed at release).
+        ``code`` -1: the one the worker wrote in the slot (a synchronous request's)."""
         arena = self._rt.arena
         assert arena is not None
         slot_view = arena.view(req.slot)
         t = req.times
         if not from_supervisor:
-            h = header(slot_view)
-            t.dequeued_ns = int(h["dequeued_ns"])
-            t.batch_formed_ns = t.compute_start_ns = int(h["compute_start_ns"])
-            t.compute_end_ns = int(h["compute_end_ns"])
-            t.batch_size = int(h["batch_rows"])
+            status, t.dequeued_ns, t.compute_start_ns, t.compute_end_ns, t.batch_size = read_answer(slot_view)
+            t.batch_formed_ns = t.compute_start_ns
+            if code < 0:
+                code = status
             self._count(req, code)
         if code == OK:
             req.outputs = {k: v.copy() for k, v in read_tensors(slot_view, self.config, outputs=True).items()}
@@ -414,6 +521,8 @@ class ProcessPool:
             batch[0] += input_ns * req.rows
             batch[1] += infer_ns * req.rows
             batch[2] += output_ns * req.rows
+
+    # ---- supervision (a thread) -------------------------------------------------------------
 
     def _supervise(self) -> None:
         """The supervisor thread (see the top): spawns, watches, fails, replaces, reaps."""
@@ -487,17 +596,32 @@ class ProcessPool:
                     self._report_death(i)
 
     def _report_death(self, i: int) -> None:
-        """Worker i is gone: fail what it held (WORKER_DIED notices to the completion thread)."""
+        """Worker i is gone: fail what it held. A synchronous request here and now (its error,
+        then its latch, unless the worker had set it); an asynchronous one by a WORKER_DIED
+        notice to the consumer of the completion ring."""
         if not self._rt.closed:  # a death while shutting down is the shutdown's
             self.worker_deaths += 1
         notices = {(int(item.request_id), int(item.slot), int(item.aux1)) for item in self._rt.ring.recover()}
         hold = self._holds[i]
         for entry in hold[hold["request_id"] != HOLD_DONE]:
             notices.add((int(entry["request_id"]), int(entry["slot"]), int(entry["aux1"])))
+        table = self._rt.table
         for index, slot, generation in notices:
-            push_completion(self._completions, index, slot, WORKER_DIED, generation, FROM_SUPERVISOR)
+            req = table.records[index]
+            if req.generation != generation or req.finished:
+                continue
+            if req.on_done is None:  # synchronous: its caller waits on the latch, nobody else reads
+                if not table.latches.is_set(index):  # (set: the worker answered, then died)
+                    req.finished = True
+                    self._read_result(req, WORKER_DIED, from_supervisor=True)
+                    table.latches.set(index)
+            else:
+                push_completion(self._completions, index, slot, WORKER_DIED, generation, FROM_SUPERVISOR)
         self._completions.recover()
         hold["request_id"] = HOLD_DONE
+        notifier = self.notifier
+        if notifier is not None:
+            notifier.notify()
 
     # ---- statistics -------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Process-mode worker: one process per worker, attached to the model's shared-memory segment.
 
 It reads each request's inputs in place from its arena slot, writes the outputs into the same
-slot, and reports through the completion ring. Every request it pops is first recorded in its
+slot, and reports: a synchronous request by its latch, an asynchronous one through the completion
+ring and its notifier (which wakes the engine's event loop only while it sleeps). Every request it pops is first recorded in its
 hold (in shared memory, by the ring itself) and marked done only after its completion was pushed,
 so the supervisor can fail exactly what a killed worker had taken.
 
@@ -48,6 +49,7 @@ from lumenrt.native import (
     HOLD_HEADER_BYTES,
     Item,
     Latches,
+    Notifier,
     PassedFd,
     Ring,
     RingClosed,
@@ -65,6 +67,7 @@ STATUS_COLS = 5  # pid, state, requests, batches, infer_ns (compute time of its 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
     memory: PassedFd  # the model's shared segment (a memfd), inherited at spawn
+    notifier: PassedFd  # the completion ring's eventfd (process_pool.py), inherited at spawn
     memory_bytes: int
     parent_pid: int
     offsets: dict[str, int]
@@ -111,6 +114,10 @@ def worker_main(spec: WorkerSpec) -> None:
     requests = Ring.attach(region, off["requests"])
     requests.spin_ns = spec.spin_ns
     completions = Ring.attach(region, off["completions"])
+    try:
+        notifier = Notifier.attach(region, spec.notifier.fd, offset=off["notifier"])  # dups it
+    finally:
+        os.close(spec.notifier.fd)
     pool = SlabPool.attach(region, off["arena"])
     latches = Latches.attach(region, spec.table_size, off["latches"])
     hold_offset = off["holds"] + spec.index * spec.hold_bytes
@@ -140,7 +147,7 @@ def worker_main(spec: WorkerSpec) -> None:
     status[spec.index, :2] = (os.getpid(), READY)
     batcher = Batcher(HeldSource(requests, region, hold_offset), batch_policy(config, spec.adaptive))
     plan = batch_plan(config)
-    sink = SlotSink(config, completions, latches, hold_ids, cancel, status[spec.index])
+    sink = SlotSink(config, completions, notifier, latches, hold_ids, cancel, status[spec.index])
     try:
         while True:
             try:
@@ -171,22 +178,25 @@ class HeldRequest:
 class SlotSink:
     """execute.py's sink for a worker process: a request's inputs are read in place from its slot;
     its answer (outputs or error text, stage times, status) is written into the slot and reported
-    (SYNC: status in the slot header and the caller's latch; ASYNC: a completion descriptor), then
+    (SYNC: status in the slot header and the caller's latch; ASYNC: a completion descriptor and a
+    notify), then
     its hold entry is marked done. Requests and batches are counted in the status table; the rest
     of the statistics where the answer is read (process_pool.py)."""
 
-    __slots__ = ("_cancel", "_completions", "_config", "_hold_ids", "_latches", "_status")
+    __slots__ = ("_cancel", "_completions", "_config", "_hold_ids", "_latches", "_notifier", "_status")
 
     def __init__(
         self,
         config: ModelConfig,
         completions: Ring,
+        notifier: Notifier,
         latches: Latches,
         hold_ids: Any,
         cancel: Any,
         status: Any,
     ) -> None:
         self._config, self._completions, self._latches = config, completions, latches
+        self._notifier = notifier
         self._hold_ids, self._cancel, self._status = hold_ids, cancel, status
 
     def inputs(self, request: HeldRequest) -> dict[str, Array]:
@@ -248,6 +258,7 @@ class SlotSink:
             push_completion(
                 self._completions, item.request_id, item.slot, code, request_generation(item), FROM_WORKER
             )
+            self._notifier.notify()  # a system call only while the loop sleeps
         self._hold_ids[request.hold_pos % len(self._hold_ids)] = (
             HOLD_DONE  # after: a death between = a duplicate notice
         )

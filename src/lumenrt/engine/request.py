@@ -4,12 +4,14 @@ Requests live in a fixed table per model (``RequestTable``), allocated once at l
 carries only the table index (``request_id``), so nothing about a request is allocated on the hot
 path beyond the numpy arrays the caller hands in and the model hands back.
 
-Completion, exactly once per submission, by whoever finishes the request (a worker thread, or the
-process-mode completion thread):
-  - an asyncio caller gave ``on_done``: it is called (it posts to the loop's completion ring);
-  - a synchronous caller waits on its record's latch (``RequestTable.latches``, native): the
-    completer appends the index to its ``signal`` list, and the latches are set by its next
-    ``Ring.pop_many`` once the GIL is released, so the woken caller finds the GIL free.
+Completion, exactly once per submission, by whoever finishes the request:
+  - an asyncio caller gave ``on_done``: a worker thread calls it (it posts to the loop's
+    completion ring); a worker process pushes to its model's completion ring instead, which the
+    loop drains itself (process_pool.py); shutdown paths call it from any thread;
+  - a synchronous caller waits on its record's latch (``RequestTable.latches``, native): a worker
+    thread appends the index to its ``signal`` list, and the latches are set by its next
+    ``Ring.pop_many`` once the GIL is released, so the woken caller finds the GIL free; a worker
+    process sets the latch in shared memory itself.
 """
 
 from collections import deque

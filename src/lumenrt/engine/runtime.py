@@ -64,7 +64,7 @@ import numpy as np
 
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.descriptors import SYNC, push_request_wait, ring_capacity, try_push_request
+from lumenrt.engine.descriptors import ASYNC, SYNC, push_request_wait, ring_capacity, try_push_request
 from lumenrt.engine.lane import InlineLane
 from lumenrt.engine.process_pool import ProcessPool
 from lumenrt.engine.request import (
@@ -374,14 +374,17 @@ class ModelRuntime:
         received_slot: int = -1,
     ) -> InferRequest:
         """Queue the request without waiting: ``on_done`` runs in whichever thread completes it
-        (None: its latch is set, see ``table.latches.wait``). ``priority``: its level, 1 (served
+        (process pool: the engine's event loop resolves what its workers answer without it, see
+        process_pool.py). None: the caller waits for the answer with ``wait``, then releases
+        the request. ``priority``: its level, 1 (served
         first) .. ``levels``; 0: the model's default level. ``received_slot``: a slot from
         ``receive_slot`` whose payload holds ``inputs`` (their bytes as received): the request
         takes it over, whatever happens (it becomes the request's slot, or is freed)."""
         req = self._prepare(inputs, timeout_s, on_done, priority, received_slot)
         refused: str | None = None
         try:
-            pushed = try_push_request(self.level_rings[req.level - 1], req)
+            kind = ASYNC if on_done is not None else SYNC  # SYNC: the worker sets the latch itself
+            pushed = try_push_request(self.level_rings[req.level - 1], req, kind)
             doorbell = self.doorbell
             if pushed and doorbell is not None:  # after the request (see batcher.PrioritySource)
                 self._push_token(doorbell, req)
@@ -428,6 +431,15 @@ class ModelRuntime:
             self._park(req)
         self.workers.collect(req)
         return req
+
+    def wait(self, req: InferRequest, timeout_s: float | None = None) -> bool:
+        """Wait for a request ``submit`` queued without ``on_done`` (polling ``spin_us``, then
+        sleeping, GIL released); True once it is answered (its outputs or error set), False if
+        ``timeout_s`` passed first."""
+        if not self.table.latches.wait(req.index, timeout_s=timeout_s, spin_ns=self._spin_ns):
+            return False
+        self.workers.collect(req)
+        return True
 
     def _wait_until_deadline(self, req: InferRequest) -> bool:
         """Wait for the worker's answer until just past the request's deadline; False if none came."""
