@@ -17,9 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lumenrt.bench.results import git_commit, machine_info, write_result
-from roundtrip import markdown_table  # beside this file
-from serve_ab import COLUMNS, ROOT, Variant, run_rounds, summarize
+from serve_ab import ROOT, Variant, compare  # beside this file
 
 MODEL = "digits_mlp"
 
@@ -36,21 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(b < 0 for b in args.budgets) or args.rounds < 1 or args.load_s <= 0 or min(args.concurrency) < 1:
         p.error("--budgets must be >= 0; --rounds, --load-s and every --concurrency > 0")
     variants = [Variant(f"lane_turn_us {b}", {"lane_turn_us": b}) for b in args.budgets]
-    runs = run_rounds(variants, targets=args.targets, concurrency=args.concurrency, rounds=args.rounds,
-                      load_s=args.load_s, model=MODEL)  # fmt: skip
-    table = summarize(runs, variants[0].label)
-    print(markdown_table(f"{MODEL}, medians of {args.rounds} rounds (x first, wins: against {variants[0].label})",
-                         table, COLUMNS))  # fmt: skip
-    doc = {
-        "kind": "lane-turn",
-        "machine": machine_info(),
-        "commit": git_commit(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "results": table,
-        "rounds": runs,
-    }
-    print(f"wrote {write_result(args.out, 'lane-turn', doc)}")
-    return 0
+    return compare(variants, args, model=MODEL, kind="lane-turn", title=MODEL)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ by plain name:
     variants = [Variant("thread", {"worker_mode": "thread"}), Variant("process", {"worker_mode": "process"})]
     runs = run_rounds(variants, targets=["tcp"], concurrency=[1, 8], rounds=5, load_s=5.0, model="digits_mlp")
     table = summarize(runs, variants[0].label)
+    # or all of it, from a script's parsed arguments (targets, concurrency, rounds, load_s, out):
+    compare(variants, args, model="digits_mlp", kind="worker-modes", title="digits_mlp, lane queue")
 
 Each round starts a fresh ``lumenrt serve --config <file with the variant's engine section>`` per
 variant, in the order given (a variant may name another install's interpreter: its ``lumenrt
@@ -17,6 +19,7 @@ medians over the rounds and, per variant, its throughput against the first and t
 which it beat the first.
 """
 
+import argparse
 import json
 import statistics
 import tempfile
@@ -25,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lumenrt.bench.results import git_commit, machine_info, write_result
 from lumenrt.bench.serve_process import start_serve
-from roundtrip import bench_load_cpu  # beside this file
+from roundtrip import bench_load_cpu, markdown_table  # beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_S = 1.0
@@ -112,3 +116,26 @@ def summarize(runs: dict[str, list[dict[str, dict[str, float]]]], first: str) ->
                 "client_cpu_us": round(med["client_cpu_us"], 1),
             }
     return table
+
+
+def compare(
+    variants: Sequence[Variant], args: argparse.Namespace, *, model: str, kind: str, title: str
+) -> int:
+    """``run_rounds`` with the script's ``args`` (targets, concurrency, rounds, load_s, out), then
+    the table printed and written as ``<kind>-<stamp>.json`` in ``args.out``."""
+    runs = run_rounds(variants, targets=args.targets, concurrency=args.concurrency, rounds=args.rounds,
+                      load_s=args.load_s, model=model)  # fmt: skip
+    first = variants[0].label
+    table = summarize(runs, first)
+    print(markdown_table(f"{title}, medians of {args.rounds} rounds (x first, wins: against {first})",
+                         table, COLUMNS))  # fmt: skip
+    doc = {
+        "kind": kind,
+        "machine": machine_info(),
+        "commit": git_commit(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "results": table,
+        "rounds": runs,
+    }
+    print(f"wrote {write_result(args.out, kind, doc)}")
+    return 0

@@ -18,9 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lumenrt.bench.results import git_commit, machine_info, write_result
-from roundtrip import markdown_table  # beside this file
-from serve_ab import COLUMNS, ROOT, Variant, run_rounds, summarize
+from serve_ab import ROOT, Variant, compare  # beside this file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,21 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes
         for prefix, python in installs.items()
     ]
-    runs = run_rounds(variants, targets=args.targets, concurrency=args.concurrency, rounds=args.rounds,
-                      load_s=args.load_s, model=args.model)  # fmt: skip
-    table = summarize(runs, variants[0].label)
-    print(markdown_table(f"{args.model}, lane queue, medians of {args.rounds} rounds "
-                         f"(x first, wins: against {variants[0].label})", table, COLUMNS))  # fmt: skip
-    doc = {
-        "kind": "worker-modes",
-        "machine": machine_info(),
-        "commit": git_commit(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "results": table,
-        "rounds": runs,
-    }
-    print(f"wrote {write_result(args.out, 'worker-modes', doc)}")
-    return 0
+    return compare(variants, args, model=args.model, kind="worker-modes", title=f"{args.model}, lane queue")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lumenrt.engine.engine import Engine, EngineConfig
-from lumenrt.engine.request import InvalidInput, WorkerDied
+from lumenrt.engine.request import InvalidInput, RequestTimeout, WorkerDied
 from lumenrt.native import SHM_PREFIX, leftover_segments
 from tests.integration.test_engine import write_add_model
 
@@ -233,3 +233,41 @@ def test_unloading_from_another_thread_answers_what_the_loop_awaits(own_engine: 
     outcomes = asyncio.run(unload_while_busy())
     assert len(outcomes) == 4 and all(not isinstance(o, Exception) for o in outcomes), outcomes
     assert pool._loop is None and pool.notifier is None  # let go, then released
+
+
+def test_an_answer_waited_for_after_the_unload_is_still_there(own_engine: Engine) -> None:
+    """``submit`` without a call back, answered by its worker, then the model unloaded before its
+    caller looked: ``wait`` gives the answer (read out of the slot before the memory went)."""
+    engine = own_engine
+    rt = engine.runtime("add")
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    req = rt.submit({"x": x})
+    wait_until_set = time.monotonic() + 30
+    while not rt.table.latches.is_set(req.index):  # answered by the worker, not read by anyone
+        assert time.monotonic() < wait_until_set
+        time.sleep(0.005)
+    engine.unload("add")
+    assert rt.wait(req, timeout_s=5)
+    assert req.error is None and req.outputs is not None
+    np.testing.assert_array_equal(req.outputs["y"], x + 1)
+    rt.release(req)
+
+
+def test_deadlines_still_answer_after_another_model_is_unloaded(own_engine: Engine) -> None:
+    """The loop's deadline timer drains the process pools it knows: one unloaded meanwhile is
+    skipped, so a request that outlives its deadline is still answered then (RequestTimeout)."""
+    engine = own_engine
+
+    async def unload_then_time_out() -> object:
+        loop = asyncio.get_running_loop()
+        await engine.infer_async("add", {"x": np.zeros((1, 4), np.float32)})  # the loop knows both pools
+        await loop.run_in_executor(None, engine.unload, "add")
+        try:
+            return await asyncio.wait_for(
+                engine.infer_async("sleepy", {"x": np.full((1, 2), 2.0, np.float32)}, timeout_s=0.2), 10
+            )
+        except Exception as e:
+            return e
+
+    outcome = asyncio.run(unload_then_time_out())
+    assert isinstance(outcome, RequestTimeout), outcome

@@ -11,8 +11,8 @@ and writes them only through the names below, never through ``aux0``..``kind`` d
 
 ``requests``: ingress -> workers (both pools; slot is NO_SLOT when the request's tensors are not in
 the arena). ``completions``: worker processes and the supervisor -> the event loop (process pool:
-each model's own ring in shared memory). ``answers``: thread-pool workers -> the event loop
-(engine.py, asynchronous callers).
+each model's own ring in shared memory). ``answers``: thread-pool workers, and the shutdown paths
+of both pools (``on_done``) -> the event loop (engine.py, asynchronous callers).
 """
 
 from lumenrt.engine.request import InferRequest

@@ -150,7 +150,7 @@ class _AsyncCompletions:
         self._pools_seen = engine._pools_version
         self.pools = [
             rt.workers
-            for rt in engine._by_id.values()
+            for rt in list(engine._by_id.values())  # a load in another thread may add one meanwhile
             if isinstance(rt.workers, ProcessPool) and not rt.closed
         ]
         for pool in self.pools:
@@ -208,7 +208,8 @@ class _AsyncCompletions:
         self._timer = None
         self.drain()  # answers already back are answered as such, not as timeouts
         for pool in self.pools:
-            pool.drain()
+            if pool.loop is self.loop:  # not one closed meanwhile, nor moved to another loop
+                pool.drain()
         deadlines = self._deadlines
         now_ns = time.monotonic_ns()
         while deadlines and deadlines[0][0] <= now_ns + DEADLINE_SLACK_NS:
@@ -388,6 +389,7 @@ class Engine:
         self._configs.pop(name, None)  # its CPUs go to the next model planned
         for rt in self._runtimes.pop(name, {}).values():
             rt.close()
+        self._pools_version += 1  # the loop forgets its pools
         self._prune()
 
     def _prune(self) -> None:
@@ -522,8 +524,8 @@ class Engine:
     ) -> InferResult:
         """Answered by a worker, or at its deadline (RequestTimeout) if none has by then."""
         loop = asyncio.get_running_loop()
-        completions = self._bind(loop)
         rt = self.runtime(model, version)
+        completions = self._bind(loop)  # after: a runtime that started since is attached here
         future: asyncio.Future[None] = loop.create_future()
         req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done, priority=priority)
         req.future = future

@@ -154,8 +154,8 @@ class ProcessPool:
         self._completions = Ring.create(
             region, "mpmc", ring_capacity(2 * table_size), offset=offsets["completions"]
         )
-        # this process's handle: only the event loop pops, and only its inline poll waits (spinning
-        # through the whole window, never sleeping: see engine.py)
+        # this process's handle: the event loop pops (the closing thread once it let go, invariant
+        # 6), and only its inline poll waits (spinning through the whole window, never sleeping)
         self._completions.spin_ns = runtime.options.spin_us * 1000
         # wakes the consumer's loop when a worker or the supervisor pushes while it sleeps; the
         # workers get its eventfd at spawn
@@ -294,11 +294,16 @@ class ProcessPool:
             )
             return
         self.notifier = None  # closes its eventfd and lets go of the region
+        for req in rt.table.records:  # views of arena slots, in records a caller still holds
+            req.inputs = {}
         self._cancel = self._status = None  # type: ignore[assignment]
         self._holds = []
         rt.arena = None
         records = len(rt.table.records)
-        rt.table.latches = Latches.create(Region.anonymous(latches_required_bytes(records)), records)
+        latches = Latches.create(Region.anonymous(latches_required_bytes(records)), records)
+        for index in range(records):  # every request is answered by now (close)
+            latches.set(index)
+        rt.table.latches = latches
         del self._completions
         del rt.ring
         rt.level_rings, rt.doorbell = [], None  # the rings live in the region too
@@ -328,10 +333,16 @@ class ProcessPool:
                 pending.discard(s)
 
     def _fail_unfinished(self) -> None:
+        """Answer what is still unanswered (the workers have ended): a synchronous request a worker
+        answered is read out of its slot now, while the slot is still there (its caller may wait
+        for it later, ``ModelRuntime.wait``); any other gets ModelNotReady."""
         table = self._rt.table
         for req in table.records:
-            answered = req.on_done is None and table.latches.is_set(req.index)
-            if req.generation and not req.finished and req.times.enqueued_ns and not answered:
+            if not req.generation or req.finished or not req.times.enqueued_ns:
+                continue
+            if req.on_done is None and table.latches.is_set(req.index):
+                self.collect(req)
+            else:
                 req.finished = True
                 req.error = ModelNotReady(f"model {self.config.name!r} unloaded before the request ran")
                 table.complete_now(req)
@@ -370,17 +381,25 @@ class ProcessPool:
         loop.add_reader(notifier.fileno(), self.drain)
         self.drain()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop that drains the completion ring now (None: none, or close took over)."""
+        return self._loop
+
     def drain(self) -> None:
         """The loop's reader: answer everything in the completion ring, then arm the notifier
         (re-checking the ring after arming: see notifier.h)."""
-        notifier, ring = self.notifier, self._completions
-        if notifier is None or self._loop is None:  # detached: close drains what is left
+        if self._loop is None:  # detached (close drains what is left), or released: touch nothing
             return
+        notifier, ring = self.notifier, self._completions
+        assert notifier is not None
         notifier.drain()
         while True:
-            self._drain(self._resolve_here)
+            taken = self._drain(self._resolve_here)
             notifier.arm()
-            if len(ring) == 0:
+            # a cell a worker claimed but has not published counts in len(): one that died there
+            # is recovered by the supervisor, whose notify wakes this reader again
+            if len(ring) == 0 or not taken:
                 return
 
     def poll(self, timeout_s: float) -> None:
@@ -389,16 +408,25 @@ class ProcessPool:
         if self._loop is None:
             return
         for item in self._completions.pop_many(256, timeout_s=timeout_s):
-            self._take(item, self._resolve_here)
+            try:
+                self._take(item, self._resolve_here)
+            except Exception:
+                log.exception("model %r: answering a request failed", self.config.name)
 
-    def _drain(self, resolve: Callable[[InferRequest], None]) -> None:
-        ring = self._completions
+    def _drain(self, resolve: Callable[[InferRequest], None]) -> int:
+        """Answer what the ring holds now; how many notices were taken. One answer that fails
+        (its caller's callback raised) is logged and the others go on."""
+        ring, taken = self._completions, 0
         while True:
             items = ring.pop_many(256, timeout_s=0)
             if not items:
-                return
+                return taken
+            taken += len(items)
             for item in items:
-                self._take(item, resolve)
+                try:
+                    self._take(item, resolve)
+                except Exception:
+                    log.exception("model %r: answering a request failed", self.config.name)
 
     def _take(self, item: Any, resolve: Callable[[InferRequest], None]) -> None:
         req = self._rt.table.records[item.request_id]
@@ -439,6 +467,8 @@ class ProcessPool:
             with self._detach_lock:
                 if self._loop is loop:  # not given up on by a close that stopped waiting
                     self._let_go(loop, notifier)
+                elif not loop.is_closed():  # given up on: the reader goes all the same (the
+                    loop.remove_reader(notifier.fileno())  # region and eventfd stay: _kept)
             done.set()
 
         try:

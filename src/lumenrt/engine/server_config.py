@@ -43,8 +43,8 @@ DEFAULT_ARENA_SLOTS = 256
 # much per model (engine/runtime.py, ArenaPlan; 0: none). Guessed: 27 slots of 64 SqueezeNet images.
 DEFAULT_LARGE_ARENA_BYTES = 1 << 30
 MIN_ARENA_SLOT_BYTES = 64  # one cache line
-# How long an idle worker, a synchronous caller and the event loop's inline completion poll before
-# sleeping. A sleeping thread takes ~10 us to wake on the 2-core VM this was tuned on (and then
+# How long an idle worker and a synchronous caller poll before sleeping, and the event loop's
+# inline completion polls (it never sleeps). A sleeping thread takes ~10 us to wake on the 2-core VM this was tuned on (and then
 # waits for the GIL); a poll answers in well under 1 us. 50 us covers the gap between back-to-back
 # requests of a closed-loop client and the compute of a small model; measured with
 # `benchmarks/engine.py --scenario digits-overhead --spin-us N`. 0 = sleep at once.
