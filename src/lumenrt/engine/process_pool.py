@@ -394,12 +394,13 @@ class ProcessPool:
         notifier, ring = self.notifier, self._completions
         assert notifier is not None
         notifier.drain()
+        self._drain(self._resolve_here)
         while True:
-            taken = self._drain(self._resolve_here)
             notifier.arm()
-            # a cell a worker claimed but has not published counts in len(): one that died there
-            # is recovered by the supervisor, whose notify wakes this reader again
-            if len(ring) == 0 or not taken:
+            # a cell a worker claimed but has not published yet counts in len() and pops nothing:
+            # that worker notifies once it has published (armed now), or dies there and the
+            # supervisor recovers the cell and notifies; either wakes this reader again
+            if len(ring) == 0 or not self._drain(self._resolve_here):
                 return
 
     def poll(self, timeout_s: float) -> None:
