@@ -44,10 +44,11 @@ DEFAULT_ARENA_SLOTS = 256
 DEFAULT_LARGE_ARENA_BYTES = 1 << 30
 MIN_ARENA_SLOT_BYTES = 64  # one cache line
 # How long an idle worker and a synchronous caller poll before sleeping, and the event loop's
-# inline completion polls (it never sleeps). A sleeping thread takes ~10 us to wake on the 2-core VM this was tuned on (and then
-# waits for the GIL); a poll answers in well under 1 us. 50 us covers the gap between back-to-back
-# requests of a closed-loop client and the compute of a small model; measured with
-# `benchmarks/engine.py --scenario digits-overhead --spin-us N`. 0 = sleep at once.
+# inline completion polls (it never sleeps). A sleeping thread takes ~10 us to wake on the 2-core
+# VM this was tuned on (and then waits for the GIL); a poll answers in well under 1 us. 50 us
+# covers the gap between back-to-back requests of a closed-loop client and the compute of a small
+# model; measured with `benchmarks/engine.py --scenario digits-overhead --spin-us N`. 0 = sleep at
+# once.
 DEFAULT_SPIN_US = 50
 
 # top-level keys of the file; server: ingress/serve_config.py; rate_limits: ingress/rate_limit.py
