@@ -70,6 +70,13 @@ def own_engine(request: pytest.FixtureRequest, repo: Path) -> Iterator[Engine]:
     yield from _engine(repo, request.param)
 
 
+@pytest.fixture
+def fresh_engine(repo: Path) -> Iterator[Engine]:
+    """An engine of the test's own over the mpmc request ring, for tests of the completion ring
+    (always mpmc, whatever the queue type)."""
+    yield from _engine(repo, "mpmc")
+
+
 def test_outputs_equal_thread_mode_and_batches_form(engine: Engine, repo: Path) -> None:
     results: dict[int, np.ndarray] = {}
 
@@ -185,10 +192,10 @@ def test_async_answers_reach_the_loop_through_the_models_own_ring_with_no_thread
     assert rt.table.free == len(rt.table.records)
 
 
-def test_killed_worker_fails_its_async_request_through_the_loop(own_engine: Engine) -> None:
+def test_killed_worker_fails_its_async_request_through_the_loop(fresh_engine: Engine) -> None:
     """The supervisor's WORKER_DIED notice for an asynchronous request reaches its caller through
     the event loop; the other worker's request is answered."""
-    engine = own_engine
+    engine = fresh_engine
     rt = engine.runtime("sleepy")
     pid = rt.statistics()["pids"][0]
 
@@ -212,11 +219,11 @@ def test_killed_worker_fails_its_async_request_through_the_loop(own_engine: Engi
     assert rt.table.free == len(rt.table.records)
 
 
-def test_unloading_from_another_thread_answers_what_the_loop_awaits(own_engine: Engine) -> None:
+def test_unloading_from_another_thread_answers_what_the_loop_awaits(fresh_engine: Engine) -> None:
     """``lumenrt serve`` unloads from an executor thread while its loop runs: the loop still drains
     the model's ring (its last drain is its own, then it lets go), so requests in flight are
     answered, and the reader is gone before the eventfd closes."""
-    engine = own_engine
+    engine = fresh_engine
     rt = engine.runtime("sleepy")
     pool = rt.workers
 
@@ -235,10 +242,10 @@ def test_unloading_from_another_thread_answers_what_the_loop_awaits(own_engine: 
     assert pool._loop is None and pool.notifier is None  # let go, then released
 
 
-def test_an_answer_waited_for_after_the_unload_is_still_there(own_engine: Engine) -> None:
+def test_an_answer_waited_for_after_the_unload_is_still_there(fresh_engine: Engine) -> None:
     """``submit`` without a call back, answered by its worker, then the model unloaded before its
     caller looked: ``wait`` gives the answer (read out of the slot before the memory went)."""
-    engine = own_engine
+    engine = fresh_engine
     rt = engine.runtime("add")
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
     req = rt.submit({"x": x})
@@ -253,10 +260,10 @@ def test_an_answer_waited_for_after_the_unload_is_still_there(own_engine: Engine
     rt.release(req)
 
 
-def test_deadlines_still_answer_after_another_model_is_unloaded(own_engine: Engine) -> None:
+def test_deadlines_still_answer_after_another_model_is_unloaded(fresh_engine: Engine) -> None:
     """The loop's deadline timer drains the process pools it knows: one unloaded meanwhile is
     skipped, so a request that outlives its deadline is still answered then (RequestTimeout)."""
-    engine = own_engine
+    engine = fresh_engine
 
     async def unload_then_time_out() -> object:
         loop = asyncio.get_running_loop()
