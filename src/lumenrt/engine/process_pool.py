@@ -409,14 +409,10 @@ class ProcessPool:
         if self._loop is None:
             return
         for item in self._completions.pop_many(256, timeout_s=timeout_s):
-            try:
-                self._take(item, self._resolve_here)
-            except Exception:
-                log.exception("model %r: answering a request failed", self.config.name)
+            self._take(item, self._resolve_here)
 
     def _drain(self, resolve: Callable[[InferRequest], None]) -> int:
-        """Answer what the ring holds now; how many notices were taken. One answer that fails
-        (its caller's callback raised) is logged and the others go on."""
+        """Answer what the ring holds now; how many notices were taken."""
         ring, taken = self._completions, 0
         while True:
             items = ring.pop_many(256, timeout_s=0)
@@ -424,18 +420,20 @@ class ProcessPool:
                 return taken
             taken += len(items)
             for item in items:
-                try:
-                    self._take(item, resolve)
-                except Exception:
-                    log.exception("model %r: answering a request failed", self.config.name)
+                self._take(item, resolve)
 
     def _take(self, item: Any, resolve: Callable[[InferRequest], None]) -> None:
+        """One notice: its answer read and resolved. An answer that fails (its caller's callback
+        raised) is logged, so the notices taken with it still reach their callers."""
         req = self._rt.table.records[item.request_id]
         if req.generation != completion_generation(item) or req.finished:
             return  # a duplicate (the worker pushed, then died before marking its hold)
         req.finished = True
-        self._read_result(req, completion_code(item), completion_source(item) == FROM_SUPERVISOR)
-        resolve(req)
+        try:
+            self._read_result(req, completion_code(item), completion_source(item) == FROM_SUPERVISOR)
+            resolve(req)
+        except Exception:
+            log.exception("model %r: answering a request failed", self.config.name)
 
     def _resolve_here(self, req: InferRequest) -> None:  # the attached loop's thread
         answer = self._answer
