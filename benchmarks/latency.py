@@ -452,9 +452,12 @@ def cpu_bound(row: dict[str, Any], cpus: int) -> float | None:
 # ---- 5. SqueezeNet -----------------------------------------------------------------------------
 
 
-def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
+def squeezenet(out_dir: Path, seconds: float, workers: int = 0) -> dict[str, Any]:
     """SqueezeNet batch 1 through each protocol at concurrency 1, 2, 4, 8, against the raw loop of
-    the same run (2 threads, each with its own ONNX Runtime session, batch 1, no server)."""
+    the same run (2 threads, each with its own ONNX Runtime session, batch 1, no server). The
+    server has a worker per usable CPU, or ``workers`` when given (2: the raw loop's compute on a
+    machine of more CPUs, where the event loop and the load generator then have CPUs of their
+    own)."""
     from lumenrt.bench.engine_load import Phase, best_raw
 
     raw = best_raw("latency", "squeezenet", [1], Phase(1.0, seconds))
@@ -463,7 +466,8 @@ def squeezenet(out_dir: Path, seconds: float) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {
         "raw loop (2 sessions, batch 1)": {"throughput_per_s": round(raw_per_s, 1)}
     }
-    with start_serve("--models", "squeezenet", "--placement", "roundrobin", cwd=str(ROOT)) as s:
+    placed = ("--workers", str(workers)) if workers else ()
+    with start_serve("--models", "squeezenet", "--placement", "roundrobin", *placed, cwd=str(ROOT)) as s:
         meta = ("--metadata-url", f"http://{s.http_url}")
         targets = {
             "TCP": f"tcp://127.0.0.1:{s.ports['tcp']}",
@@ -523,6 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--skip", default="", help="comma list of sections to skip: rtt,stages,load,squeezenet,alloc"
+    )
+    p.add_argument(
+        "--squeezenet-workers",
+        type=int,
+        default=0,
+        help="SqueezeNet's server workers (default: one per usable CPU); 2 matches the raw loop's "
+        "2 sessions on a machine of more CPUs",
     )
     p.add_argument("--out", type=Path, default=Path("results"))
     args = p.parse_args(argv)
@@ -667,7 +678,8 @@ def main(argv: list[str] | None = None) -> int:
         title = f"the same runs: CPU µs per request, and the throughput {cpus} CPUs allow at that cost"
         print(markdown_table(title, tput, CPU_COLUMNS))
     if "squeezenet" not in skip:
-        result["squeezenet"] = squeezenet(scratch, args.load_s)
+        result["squeezenet"] = squeezenet(scratch, args.load_s, args.squeezenet_workers)
+        result["squeezenet_workers"] = args.squeezenet_workers or "one per usable CPU"
     if "alloc" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             lib = build_counter(Path(tmp))
