@@ -12,7 +12,7 @@
 #
 # Needs beside the checkout (each ignored by git, carried to the device): .whl (lumenrt's missing
 # dependencies, see benchmarks/offline_install.sh), .whl-fastapi (fastapi, starlette, pydantic,
-# pydantic-core, annotated-types, typing-inspection, uvicorn: the pins of benchmarks/peers/venvs.py)
+# pydantic-core, annotated-types, typing-inspection, uvicorn, opentelemetry-api: the pins of benchmarks/peers/venvs.py)
 # and .base-src (`git archive ec1d54b`, the issue's starting commit, for the baseline rows).
 # Results go under $OUT when it is set (a device run's output folder), else results/latency-check.
 set -euo pipefail
@@ -32,11 +32,11 @@ done
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 { nproc; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"; python3 --version; git rev-parse HEAD; } > "$OUT/environment.txt" 2>&1 || true
 
-timeout 400 taskset -c 2,3 python3 benchmarks/latency.py --baseline-python /tmp/py-base \
+timeout 380 taskset -c 2,3 python3 benchmarks/latency.py --baseline-python /tmp/py-base \
   --fastapi-python /tmp/py-fastapi --n 3000 --load-s "$LOAD_S" --skip stages,alloc --out "$OUT" 2>&1 | tee "$OUT/latency-2cpu.log" || echo "latency.py (2 CPUs): exit $?"
-timeout 120 taskset -c 2-7 python3 benchmarks/latency.py --skip rtt,stages,load,alloc --no-fastapi \
-  --squeezenet-workers 2 --load-s "$LOAD_S" --out "$OUT" 2>&1 | tee "$OUT/squeezenet-6cpu.log" || echo "latency.py (6 CPUs): exit $?"
-if ((SECONDS < 470)) && python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+timeout 170 taskset -c 2-7 python3 benchmarks/latency.py --skip rtt,stages,load,alloc --no-fastapi \
+  --squeezenet-workers 2 --load-s 1.5 --out "$OUT" 2>&1 | tee "$OUT/squeezenet-6cpu.log" || echo "latency.py (6 CPUs): exit $?"
+if ((SECONDS < 450)) && python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/integration/test_engine_gpu.py \
     -k "not process" 2>&1 | tail -15 | tee "$OUT/gpu-tests.log" || true
 fi
