@@ -3,8 +3,9 @@
 # registry (the device machine), to tell this project's 2-CPU VM apart from the request path:
 #   1. the whole benchmark pinned to 2 CPUs: this VM's shape on a quieter machine (c1 round trips,
 #      throughput against FastAPI and the baseline, SqueezeNet), stages and allocations left out;
-#   2. SqueezeNet alone on 6 CPUs with 2 server workers (the raw loop's 2 sessions): the event loop
-#      and the load generator get CPUs of their own, which on 2 CPUs they take from the workers;
+#   2. SqueezeNet alone on 6 CPUs with 2 server workers, as many as the raw loop's sessions. (Both
+#      are set up as 2 workers over all usable CPUs, 3 intra-op threads each, so the event loop and
+#      the load generator still share CPUs with them: see docs/results/device-20261127.)
 #   3. the GPU tests, when the machine has a CUDA device and time is left (a regression check).
 # About 8-9 minutes (measured on this project's 2-CPU VM: 6 minutes for step 1 with --n 5000).
 #
