@@ -89,6 +89,8 @@ void lrt_notifier_arm(lrt_notifier *n) {
     atomic_thread_fence(memory_order_seq_cst); /* the ring re-check that follows must not move up */
 }
 
+int lrt_notifier_disarm(lrt_notifier *n) { return (int)atomic_exchange(&n->s->armed, 0); }
+
 uint64_t lrt_notifier_drain(lrt_notifier *n) {
     uint64_t v = 0;
     if (read(n->fd, &v, sizeof v) != (ssize_t)sizeof v) return 0;

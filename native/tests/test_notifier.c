@@ -38,7 +38,25 @@ static void test_writes_only_when_armed(void) {
     lrt_notifier_free(n);
 }
 
+static void test_disarmed_while_the_loop_waits_itself(void) {
+    _Alignas(64) unsigned char region[LRT_NOTIFIER_BYTES];
+    lrt_notifier *n = NULL;
+    CHECK_EQ(lrt_notifier_create(region, sizeof region, &n), LRT_OK);
+    int fd = lrt_notifier_fd(n);
+    lrt_notifier_arm(n);                  /* asleep */
+    CHECK_EQ(lrt_notifier_disarm(n), 1);  /* awake, waiting on the ring itself */
+    CHECK_EQ(lrt_notifier_notify(n), 0);  /* the producer skips the system call */
+    CHECK(!readable(fd));
+    CHECK_EQ(lrt_notifier_disarm(n), 0);  /* a nested wait finds it disarmed: not its to re-arm */
+    lrt_notifier_arm(n);                  /* done waiting: armed again */
+    CHECK_EQ(lrt_notifier_notify(n), 1);
+    CHECK_EQ(lrt_notifier_disarm(n), 0);  /* a wake-up is pending: the reader re-arms */
+    CHECK(readable(fd));
+    lrt_notifier_free(n);
+}
+
 int main(void) {
     RUN(test_writes_only_when_armed);
+    RUN(test_disarmed_while_the_loop_waits_itself);
     return 0;
 }

@@ -11,6 +11,12 @@
  *   fence                                fence            (seq_cst)
  *   ring empty? -> sleep in epoll       armed? -> exchange(armed, 0) == 1 -> write(eventfd)
  *
+ * A loop that is about to wait for an answer itself (spinning on the ring, the inline completion)
+ * disarms the notifier first: producers then skip the system call, and no wake-up is left behind
+ * for an answer the loop already took. If disarm() found it armed, the loop arms it again when it
+ * stops waiting, and re-checks the ring as after any arm(); if not, a producer has written the
+ * eventfd already and the loop's reader re-arms when it runs.
+ *
  * The state word lives in a caller-given 64-byte region so that worker processes share it; the
  * eventfd is inherited by fork or passed by the owner.
  */
@@ -44,6 +50,10 @@ int lrt_notifier_fd(const lrt_notifier *n);
 int lrt_notifier_notify(lrt_notifier *n);
 /* Consumer: about to sleep; check the ring once more after this. */
 void lrt_notifier_arm(lrt_notifier *n);
+/* Consumer: awake and about to wait on the ring itself. Returns 1 if it was armed (arm again
+ * afterwards, then re-check the ring), 0 if not (a wake-up is already pending, or the loop is in
+ * its reader). */
+int lrt_notifier_disarm(lrt_notifier *n);
 /* Consumer: woken; empty the eventfd counter (one read, non-blocking). Returns the count read. */
 uint64_t lrt_notifier_drain(lrt_notifier *n);
 void lrt_notifier_get_stats(const lrt_notifier *n, lrt_notifier_stats *out);

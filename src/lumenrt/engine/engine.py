@@ -130,8 +130,14 @@ class _AsyncCompletions:
             if self._pools_seen != self._engine._pools_version:
                 self._attach_pools()
             return
-        if self.loop is not None and not self.loop.is_closed():
-            self.loop.remove_reader(self.notifier.fileno())
+        old = self.loop
+        if old is not None and old.is_running():  # its readers and timer are its thread's alone
+            raise EngineError(
+                "this engine's asynchronous calls are bound to another event loop, which is still "
+                "running: use it from one running loop at a time (or an Engine per loop)"
+            )
+        if old is not None and not old.is_closed():
+            old.remove_reader(self.notifier.fileno())
         if self._timer is not None:  # the old loop's deadlines: their callers went with it
             self._timer.cancel()
             self._timer = None
@@ -164,25 +170,43 @@ class _AsyncCompletions:
 
     def poll(self, timeout_s: float, rt: ModelRuntime) -> None:  # event loop thread
         """Wait up to ``timeout_s`` (GIL released) for a completion of ``rt``'s; resolve what
-        arrived."""
+        arrived. The notifier is disarmed meanwhile (notifier.h): the loop is awake, so the worker
+        that answers makes no system call and leaves no wake-up behind for an answer taken here."""
         workers = rt.workers
         if isinstance(workers, ProcessPool):
             workers.poll(timeout_s)
             return
-        for item in self.ring.pop_many(256, timeout_s=timeout_s):
-            self._engine._resolve(answer_model_id(item), item.request_id)
+        rearm = self.notifier.disarm()  # False: a wake-up is pending, and its drain re-arms
+        try:
+            self._answer(self.ring.pop_many(256, timeout_s=timeout_s))
+        finally:
+            if rearm:
+                self.notifier.arm()
+                if len(self.ring) or self.overflow:  # re-check after arming (see notifier.h)
+                    self.drain()
 
     def drain(self) -> None:  # event loop thread
         self.notifier.drain()
         overflow = self.overflow
         while True:
-            for item in self.ring.pop_many(256, timeout_s=0):
-                self._engine._resolve(answer_model_id(item), item.request_id)
+            self._answer(self.ring.pop_many(256, timeout_s=0))
             while overflow:
-                self._engine._resolve(*overflow.popleft())
+                self._answer_one(*overflow.popleft())
             self.notifier.arm()
             if len(self.ring) == 0 and not overflow:  # re-check after arming (see notifier.h)
                 return
+
+    def _answer(self, items: list[Any]) -> None:
+        for item in items:
+            self._answer_one(answer_model_id(item), item.request_id)
+
+    def _answer_one(self, model_id: int, index: int) -> None:
+        """An answer that fails (its caller's callback raised) is logged, so that the answers
+        popped with it still reach their callers."""
+        try:
+            self._engine._resolve(model_id, index)
+        except Exception:
+            logger.exception("answering a request failed")
 
     def watch(self, req: InferRequest) -> None:  # event loop thread
         """Answer ``req`` at its deadline if no worker has by then (see Engine._answer_late)."""

@@ -395,6 +395,10 @@ class ProcessPool:
         assert notifier is not None
         notifier.drain()
         self._drain(self._resolve_here)
+        self._arm(notifier, ring)
+
+    def _arm(self, notifier: Notifier, ring: Ring) -> None:
+        """Arm the notifier, re-checking the ring after arming (see notifier.h)."""
         while True:
             notifier.arm()
             # a cell a worker claimed but has not published yet counts in len() and pops nothing:
@@ -405,11 +409,18 @@ class ProcessPool:
 
     def poll(self, timeout_s: float) -> None:
         """The loop's inline completion (engine.py): wait up to ``timeout_s`` for an answer,
-        spinning with the GIL released, and resolve what arrived."""
-        if self._loop is None:
+        spinning with the GIL released, and resolve what arrived. The notifier is disarmed
+        meanwhile, as in engine.py's poll: the worker that answers makes no system call."""
+        notifier, ring = self.notifier, self._completions
+        if self._loop is None or notifier is None:
             return
-        for item in self._completions.pop_many(256, timeout_s=timeout_s):
-            self._take(item, self._resolve_here)
+        rearm = notifier.disarm()  # False: a wake-up is pending, and the reader re-arms
+        try:
+            for item in ring.pop_many(256, timeout_s=timeout_s):
+                self._take(item, self._resolve_here)
+        finally:
+            if rearm and self._loop is not None:  # detached meanwhile: close drains the rest
+                self._arm(notifier, ring)
 
     def _drain(self, resolve: Callable[[InferRequest], None]) -> int:
         """Answer what the ring holds now; how many notices were taken."""

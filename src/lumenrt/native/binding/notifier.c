@@ -69,6 +69,9 @@ static PyObject *notifier_arm(NotifierObject *self, PyObject *unused) {
     lrt_notifier_arm(self->n);
     Py_RETURN_NONE;
 }
+static PyObject *notifier_disarm(NotifierObject *self, PyObject *unused) {
+    return PyBool_FromLong(lrt_notifier_disarm(self->n));
+}
 static PyObject *notifier_drain(NotifierObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(lrt_notifier_drain(self->n));
 }
@@ -87,6 +90,9 @@ static PyMethodDef notifier_methods[] = {
     {"notify", (PyCFunction)notifier_notify, METH_NOARGS,
      "Producer: wake the loop if it is armed (True: wrote the eventfd; False: no system call)."},
     {"arm", (PyCFunction)notifier_arm, METH_NOARGS, "Consumer: about to sleep; re-check the ring after this."},
+    {"disarm", (PyCFunction)notifier_disarm, METH_NOARGS,
+     "Consumer: awake and about to wait on the ring itself (producers skip the system call). "
+     "True: it was armed; arm() again when done waiting, then re-check the ring."},
     {"drain", (PyCFunction)notifier_drain, METH_NOARGS, "Consumer: read the eventfd counter (0 if nothing)."},
     {"fileno", (PyCFunction)notifier_fileno, METH_NOARGS, "The eventfd, for loop.add_reader()."},
     {"stats", (PyCFunction)notifier_stats, METH_NOARGS, "notify_calls, writes, arms"},
