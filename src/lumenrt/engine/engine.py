@@ -130,14 +130,8 @@ class _AsyncCompletions:
             if self._pools_seen != self._engine._pools_version:
                 self._attach_pools()
             return
-        old = self.loop
-        if old is not None and old.is_running():  # its readers and timer are its thread's alone
-            raise EngineError(
-                "this engine's asynchronous calls are bound to another event loop, which is still "
-                "running: use it from one running loop at a time (or an Engine per loop)"
-            )
-        if old is not None and not old.is_closed():
-            old.remove_reader(self.notifier.fileno())
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_reader(self.notifier.fileno())
         if self._timer is not None:  # the old loop's deadlines: their callers went with it
             self._timer.cancel()
             self._timer = None
@@ -180,7 +174,7 @@ class _AsyncCompletions:
         try:
             self._answer(self.ring.pop_many(256, timeout_s=timeout_s))
         finally:
-            if rearm:
+            if rearm and self.loop is not None:  # not closed by a callback meanwhile
                 self.notifier.arm()
                 if len(self.ring) or self.overflow:  # re-check after arming (see notifier.h)
                     self.drain()
