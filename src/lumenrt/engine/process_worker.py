@@ -41,7 +41,14 @@ from lumenrt.engine.descriptors import (
 from lumenrt.engine.execute import execute_batch
 from lumenrt.engine.placing import bind_this_thread, narrow_after_load
 from lumenrt.engine.request import Array
-from lumenrt.engine.slot_layout import header, read_tensors, write_error, write_outputs
+from lumenrt.engine.slot_layout import (
+    read_tensors,
+    set_compute,
+    set_dequeued,
+    set_status,
+    write_error,
+    write_outputs,
+)
 from lumenrt.engine.worker import batch_plan, batch_policy, zeros_for
 from lumenrt.native import (
     DESC_DTYPE,
@@ -206,7 +213,7 @@ class SlotSink:
         return request_rows(request.item)
 
     def dequeue(self, request: HeldRequest, now_ns: int) -> bool:
-        header(request.slot)["dequeued_ns"] = now_ns
+        set_dequeued(request.slot, now_ns)
         item = request.item
         deadline_ns = request_deadline_ns(item)
         if deadline_ns and now_ns > deadline_ns:  # first: one answered at its deadline is cancelled too
@@ -232,8 +239,7 @@ class SlotSink:
         rows: int,
         now_ns: int,
     ) -> None:
-        h = header(request.slot)
-        h["compute_start_ns"], h["compute_end_ns"], h["batch_rows"] = start_ns, end_ns, rows
+        set_compute(request.slot, start_ns, end_ns, rows)
         try:
             write_outputs(request.slot, outputs)
         except ValueError as e:  # outputs larger than the slot
@@ -252,7 +258,7 @@ class SlotSink:
     def _finish(self, request: HeldRequest, code: int) -> None:
         item = request.item
         if request_kind(item) == SYNC:
-            header(request.slot)["status"] = code
+            set_status(request.slot, code)
             self._latches.set(item.request_id)
         else:
             push_completion(
