@@ -192,7 +192,7 @@ def write_outputs(slot: memoryview, outputs: dict[str, Array]) -> None:
         try:  # its bytes as they are: a C-contiguous array in this machine's byte order
             if not a.dtype.isnative:
                 raise TypeError
-            slot[offset:end] = memoryview(a).cast("B")
+            slot[offset:end] = a.data.cast("B")
         except (TypeError, ValueError):  # strided, byte-swapped, or a dtype memoryview does not take
             np.copyto(np.ndarray(a.shape, a.dtype.newbyteorder("="), buffer=slot, offset=offset), a)
         _describe(slot, i, a, offset)
