@@ -106,3 +106,42 @@ def test_answers_with_parameters_or_bytes_are_never_cached() -> None:
     h, _ = v2_http.encode_infer_response(outcome(text), parsed)
     assert v2_http._headers == {}
     assert json.loads(h)["outputs"][0]["parameters"]["binary_data_size"] == 4 + 1 + 4 + 3
+
+
+@pytest.mark.parametrize(
+    ("outputs_doc", "default", "cached"),
+    [
+        ([{"name": "y", "parameters": {"binary_data": True}}], None, True),  # tritonclient's named output
+        ([{"name": "y"}], True, True),  # named, binary by the request's default
+        ([{"name": "y", "parameters": {"binary_data": False}}], True, False),  # named, as JSON
+        ([{"name": "y"}], None, False),  # named, JSON by default
+    ],
+)
+def test_named_outputs_are_cached_when_every_one_goes_out_binary(
+    outputs_doc: list[dict[str, object]], default: bool | None, cached: bool
+) -> None:
+    """A request that names its outputs binary gets the same header as one that asks for binary
+    outputs by default (cached once per signature); an output asked for as JSON data is never
+    cached, and the header says each output as asked."""
+    x = np.ones((1, 4), dtype=np.float32)
+    doc: dict[str, object] = {
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 16}}
+        ],
+        "outputs": outputs_doc,
+    }
+    if default is not None:
+        doc["parameters"] = {"binary_data_output": default}
+    head = json.dumps(doc).encode()
+    parsed = v2_http.parse_infer_request(head + x.tobytes(), len(head), MAX_ELEMENTS)
+    y = np.full((1, 3), 2, dtype=np.float32)
+    header, chunks = v2_http.encode_infer_response(outcome(y), parsed)
+    again, _ = v2_http.encode_infer_response(outcome(y + 1), parsed)
+    assert header == v2_http._encode(outcome(y), parsed)[0]  # what it says, cached or not
+    assert (header == again) is cached  # JSON data says the values: another answer, another header
+    assert len(v2_http._headers) == (1 if cached else 0)
+    (out,) = json.loads(header)["outputs"]
+    if cached:
+        assert out["parameters"]["binary_data_size"] == 12 and bytes(chunks[0]) == y.tobytes()
+    else:
+        assert out["data"] == [2.0, 2.0, 2.0] and chunks == []

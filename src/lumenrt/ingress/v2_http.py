@@ -281,7 +281,8 @@ def parse_raw_request(body: bytes | memoryview, config: ModelConfig) -> ParsedIn
 
 
 # Response headers of all-binary answers of fixed-size datatypes without parameters, by (model,
-# version, id, outputs' names, dtypes and shapes): the same for every answer of one signature.
+# version, id, outputs' names, dtypes and shapes): the same for every answer of one signature,
+# whether the request asked for binary outputs by default or named each one binary.
 # Bounded like _plans.
 _headers: dict[tuple[Any, ...], bytes] = {}
 
@@ -291,7 +292,7 @@ def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[b
     if (
         not outcome.parameters
         and parsed.shm_outputs is None
-        and (parsed.raw or (parsed.binary_output and not parsed.outputs))
+        and (parsed.raw or _all_binary(outcome, parsed))
         and all(array.dtype.kind not in "OSU" for _, array in outcome.outputs)  # sizes vary
     ):
         key = (
@@ -310,6 +311,20 @@ def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[b
             return header, chunks
         return header, [to_raw(array)[1] for _, array in outcome.outputs]
     return _encode(outcome, parsed)
+
+
+def _all_binary(outcome: InferOutcome, parsed: ParsedInfer) -> bool:
+    """Every output goes out binary: by the request's default (``binary_data_output``), or output
+    by output as a client that names its outputs asks (tritonclient's ``InferRequestedOutput(name,
+    binary_data=True)``); the header is then the same for every answer of one signature."""
+    wanted, default = parsed.outputs, parsed.binary_output
+    if not wanted:
+        return default
+    for name, _ in outcome.outputs:
+        binary = wanted.get(name)
+        if not (default if binary is None else binary):
+            return False
+    return True
 
 
 def _encode(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any]]:
