@@ -98,10 +98,29 @@ def test_a_long_request_id_is_not_kept() -> None:
     assert v2_http._headers == {} and v2_http._plans == {}  # neither header is kept: too long
 
 
-def test_answers_with_parameters_or_bytes_are_never_cached() -> None:
+def test_answers_with_parameters_share_the_header_kept_without_them() -> None:
+    """Stage times asked for (``lumenrt_*`` parameters, different every answer) go into the
+    signature's cached header: each answer says its own, exactly as encoded afresh."""
+    body, n = binary_request(np.ones((1, 4), dtype=np.float32), request_id="r1")
+    parsed = v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
+    y = np.zeros((1, 3), dtype=np.float32)
+    plain, _ = v2_http.encode_infer_response(outcome(y), parsed)
+    for queue_ns in (5, 123456789):
+        answer = outcome(y, lumenrt_queue_ns=queue_ns, lumenrt_batch_size=1)
+        header, chunks = v2_http.encode_infer_response(answer, parsed)
+        assert header == v2_http._encode(answer, parsed)[0]
+        assert json.loads(header)["parameters"] == {"lumenrt_queue_ns": queue_ns, "lumenrt_batch_size": 1}
+        assert bytes(chunks[0]) == y.tobytes()
+    assert list(v2_http._headers.values()) == [plain]  # one entry, kept without parameters
+    v2_http._headers.clear()  # the first answer of a signature may carry parameters too
+    answer = outcome(y, lumenrt_queue_ns=7)
+    assert v2_http.encode_infer_response(answer, parsed)[0] == v2_http._encode(answer, parsed)[0]
+    assert list(v2_http._headers.values()) == [plain]
+
+
+def test_answers_with_bytes_are_never_cached() -> None:
     body, n = binary_request(np.ones((1, 4), dtype=np.float32))
     parsed = v2_http.parse_infer_request(body, n, MAX_ELEMENTS)
-    v2_http.encode_infer_response(outcome(np.zeros((1, 3), dtype=np.float32), lumenrt_queue_ns=5), parsed)
     text = np.array([b"a", b"bcd"], dtype=object)
     h, _ = v2_http.encode_infer_response(outcome(text), parsed)
     assert v2_http._headers == {}

@@ -32,6 +32,7 @@ import numpy as np
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
 from lumenrt.protocols import dtypes
+from lumenrt.protocols.compact_json import compact_json
 from lumenrt.protocols.parameters import TIMING_PARAMETER
 from lumenrt.protocols.raw import from_raw, to_raw
 
@@ -97,7 +98,7 @@ def encode_infer(
         params["binary_data_output"] = binary
     if params:
         header["parameters"] = params
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = compact_json(header)
     headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
     if binary:
         headers[HEADER_LENGTH] = str(len(head))

@@ -75,6 +75,7 @@ from lumenrt.ingress.service import InferenceService, InferOutcome
 from lumenrt.ingress.shared_memory import enabled
 from lumenrt.ingress.v2_http import encode_infer_response, parse_infer_request, parse_raw_request
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth
+from lumenrt.protocols.compact_json import compact_json
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.http_headers import CONTINUE, ContentDecoder, HttpError, check_head, parser_error
 from lumenrt.protocols.parameters import check_bool, check_count, refuse_load_parameters
@@ -116,7 +117,7 @@ def error_response(err: ServerError) -> Response:
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(doc, separators=(",", ":")).encode())
+    return Response(status, compact_json(doc))
 
 
 class HttpServer(Listener["HttpConnection"]):

@@ -31,6 +31,7 @@ from lumenrt.ingress.service import InferOutcome, WireInput
 from lumenrt.ingress.shared_memory import SharedMemoryRegistry, enabled, write_shm_output
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth, check_tensor_count
+from lumenrt.protocols.compact_json import compact_json
 from lumenrt.protocols.errors import ServerError, bad_request
 from lumenrt.protocols.parameters import (
     SharedMemoryRef,
@@ -280,18 +281,19 @@ def parse_raw_request(body: bytes | memoryview, config: ModelConfig) -> ParsedIn
     return ParsedInfer([WireInput(spec.name, spec.datatype, shape, array)], raw=True, binary_output=True)
 
 
-# Response headers of all-binary answers of fixed-size datatypes without parameters, by (model,
-# version, id, outputs' names, dtypes and shapes): the same for every answer of one signature,
-# whether the request asked for binary outputs by default or named each one binary.
+# Response headers of all-binary answers of fixed-size datatypes, by (model, version, id, outputs'
+# names, dtypes and shapes): the same for every answer of one signature, whether the request asked
+# for binary outputs by default or named each one binary. Kept without the answer's parameters
+# (the stage times a client asked for differ every time), which are put in before the outputs.
 # Bounded like _plans.
 _headers: dict[tuple[Any, ...], bytes] = {}
+_OUTPUTS_KEY = b',"outputs":['  # where parameters go; never inside a string (its quotes are escaped)
 
 
 def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any]]:
     """The response's JSON header and the binary output chunks that follow it (maybe none)."""
     if (
-        not outcome.parameters
-        and parsed.shm_outputs is None
+        parsed.shm_outputs is None
         and (parsed.raw or _all_binary(outcome, parsed))
         and all(array.dtype.kind not in "OSU" for _, array in outcome.outputs)  # sizes vary
     ):
@@ -303,13 +305,22 @@ def encode_infer_response(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[b
         )
         header = _headers.get(key)
         if header is None:
-            header, chunks = _encode(outcome, parsed)
+            if outcome.parameters:
+                plain = InferOutcome(outcome.model, outcome.version, outcome.outputs, outcome.times)
+                header, chunks = _encode(plain, parsed)
+            else:
+                header, chunks = _encode(outcome, parsed)
             if len(header) <= PLAN_CACHE_MAX_BYTES:  # a long client-chosen id is not kept
                 if len(_headers) >= PLAN_CACHE_ENTRIES:
                     _headers.clear()
                 _headers[key] = header
-            return header, chunks
-        return header, [to_raw(array)[1] for _, array in outcome.outputs]
+        else:
+            chunks = [to_raw(array)[1] for _, array in outcome.outputs]
+        if outcome.parameters:
+            at = header.index(_OUTPUTS_KEY)
+            params = compact_json(outcome.parameters)
+            header = b"".join((header[:at], b',"parameters":', params, header[at:]))
+        return header, chunks
     return _encode(outcome, parsed)
 
 
@@ -356,4 +367,4 @@ def _encode(outcome: InferOutcome, parsed: ParsedInfer) -> tuple[bytes, list[Any
     if outcome.parameters:
         doc["parameters"] = outcome.parameters
     doc["outputs"] = outputs
-    return json.dumps(doc, separators=(",", ":")).encode(), chunks
+    return compact_json(doc), chunks
