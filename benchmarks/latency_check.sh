@@ -30,6 +30,9 @@ for name in base fastapi; do
   printf '#!/bin/sh\nexport PYTHONPATH=/tmp/%s-site:/tmp/site\nexec python3 "$@"\n' "$name" > "/tmp/py-$name"
   chmod +x "/tmp/py-$name"
 done
+# every interpreter imports what its rows need before any device time goes to the runs
+/tmp/py-fastapi -c "import fastapi, uvicorn, onnxruntime, numpy" || { echo "latency_check: FastAPI's wheels are incomplete"; exit 2; }
+/tmp/py-base -c "import lumenrt.native._core, lumenrt.protocols.proto.grpc_service_pb2" || { echo "latency_check: the baseline did not build"; exit 2; }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 { nproc; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"; python3 --version; git rev-parse HEAD; } > "$OUT/environment.txt" 2>&1 || true
 
