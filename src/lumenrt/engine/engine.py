@@ -520,7 +520,8 @@ class Engine:
         if completions.outstanding == 1 and self.settings.spin_us:
             try:
                 completions.poll(self.settings.spin_us / 1e6, rt)  # inline completion (see the top)
-            except Exception:  # raised by a callback answering it: admitted and answered, not refused
+            except Exception:  # admitted, so not refused: the reader or its deadline answers it
+                # (a callback that raises is logged where the answers are taken, not here)
                 logger.exception("answering a request inline failed")
         return req
 

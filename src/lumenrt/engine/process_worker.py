@@ -2,9 +2,9 @@
 
 It reads each request's inputs in place from its arena slot, writes the outputs into the same
 slot, and reports: a synchronous request by its latch, an asynchronous one through the completion
-ring and its notifier (which wakes the engine's event loop only while it sleeps). Every request it pops is first recorded in its
-hold (in shared memory, by the ring itself) and marked done only after its completion was pushed,
-so the supervisor can fail exactly what a killed worker had taken.
+ring and its notifier (which wakes the engine's event loop only while it sleeps). Every request it
+pops is first recorded in its hold (in shared memory, by the ring itself) and marked done only
+after its completion was pushed, so the supervisor can fail exactly what a killed worker had taken.
 
 It dies with its engine: the parent-death signal (SIGKILL, armed first thing) ends it when the
 supervisor thread that spawned it ends, and a check right after arming covers a parent that died
@@ -186,8 +186,7 @@ class SlotSink:
     """execute.py's sink for a worker process: a request's inputs are read in place from its slot;
     its answer (outputs or error text, stage times, status) is written into the slot and reported
     (SYNC: status in the slot header and the caller's latch; ASYNC: a completion descriptor and a
-    notify), then
-    its hold entry is marked done. Requests and batches are counted in the status table; the rest
+    notify), then its hold entry is marked done. Requests and batches are counted in the status table; the rest
     of the statistics where the answer is read (process_pool.py)."""
 
     __slots__ = ("_cancel", "_completions", "_config", "_hold_ids", "_latches", "_notifier", "_status")

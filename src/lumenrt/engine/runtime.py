@@ -377,9 +377,10 @@ class ModelRuntime:
         the answer; the process pool's answers are read by the engine's event loop, which resolves
         its caller itself (process_pool.py), so there ``on_done`` is called only on the shutdown
         paths. None: the caller waits for the answer with ``wait``, then releases the request.
-        ``priority``: its level, 1 (served first) .. ``levels``; 0: the model's default level. ``received_slot``: a slot from
-        ``receive_slot`` whose payload holds ``inputs`` (their bytes as received): the request
-        takes it over, whatever happens (it becomes the request's slot, or is freed)."""
+        ``priority``: its level, 1 (served first) .. ``levels``; 0: the model's default level.
+        ``received_slot``: a slot from ``receive_slot`` whose payload holds ``inputs`` (their bytes
+        as received): the request takes it over, whatever happens (it becomes the request's slot,
+        or is freed)."""
         req = self._prepare(inputs, timeout_s, on_done, priority, received_slot)
         refused: str | None = None
         try:

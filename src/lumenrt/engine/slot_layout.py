@@ -50,8 +50,8 @@ _HEAD = struct.Struct("<IIII")  # n_inputs, n_outputs, status, error_bytes
 _ANSWER = struct.Struct("<I4xQQQQ")  # status, dequeued_ns, compute_start_ns, compute_end_ns, batch_rows
 _COMPUTE = struct.Struct("<QQQ")  # compute_start_ns, compute_end_ns, batch_rows
 _FIELD_AT: dict[str, int] = {name: HEADER_DTYPE.fields[name][1] for name in HEADER_DTYPE.names or ()}  # type: ignore[index]
-_STATUS_AT, _ERROR_BYTES_AT, _DEQUEUED_AT, _COMPUTE_AT = (
-    _FIELD_AT[f] for f in ("status", "error_bytes", "dequeued_ns", "compute_start_ns")
+_N_OUTPUTS_AT, _STATUS_AT, _ERROR_BYTES_AT, _DEQUEUED_AT, _COMPUTE_AT = (
+    _FIELD_AT[f] for f in ("n_outputs", "status", "error_bytes", "dequeued_ns", "compute_start_ns")
 )
 _OFFSET_AT, _NBYTES_AT, _NDIM_AT, _SHAPE_AT = (_FIELD_AT[f] for f in ("offset", "nbytes", "ndim", "shape"))
 _U8, _U4 = struct.Struct("<Q"), struct.Struct("<I")
@@ -189,15 +189,23 @@ def write_outputs(slot: memoryview, outputs: dict[str, Array]) -> None:
         end = offset + a.nbytes
         if end > len(slot) or i >= MAX_TENSORS or a.ndim > MAX_DIMS:
             raise SlotTooSmall(f"response of {end} bytes does not fit an arena slot of {len(slot)} bytes")
-        try:  # its bytes as they are: a C-contiguous array in this machine's byte order
-            if not a.dtype.isnative:
-                raise TypeError
-            slot[offset:end] = a.data.cast("B")
-        except (TypeError, ValueError):  # strided, byte-swapped, or a dtype memoryview does not take
-            np.copyto(np.ndarray(a.shape, a.dtype.newbyteorder("="), buffer=slot, offset=offset), a)
+        _put(slot, offset, a)
         _describe(slot, i, a, offset)
         offset = _align(end)
-    _U4.pack_into(slot, 4, len(outputs))  # n_outputs
+    _U4.pack_into(slot, _N_OUTPUTS_AT, len(outputs))
+
+
+def _put(slot: memoryview, offset: int, a: Array) -> None:
+    """``a``'s values at ``offset``, in this machine's byte order: its bytes as they are where it
+    is C-contiguous and native, else through numpy (strided, byte-swapped, or a dtype the buffer
+    protocol does not take)."""
+    if a.dtype.isnative and a.flags.c_contiguous and a.size:
+        try:
+            slot[offset : offset + a.nbytes] = a.data.cast("B")
+            return
+        except TypeError:
+            pass
+    np.copyto(np.ndarray(a.shape, a.dtype.newbyteorder("="), buffer=slot, offset=offset), a)
 
 
 def set_dequeued(slot: memoryview, now_ns: int) -> None:
