@@ -21,6 +21,7 @@ from lumenrt.ingress.app import ServeOptions, ServerThread
 from lumenrt.models.builtin import builtin_examples
 from tests.integration import slow_model_state
 from tests.integration.flow_clients import read_response
+from tests.integration.loop_lookups import loop_lookups
 from tests.integration.test_engine import write_py_model
 
 MODEL = "digits_mlp"
@@ -225,6 +226,24 @@ def test_front_ends_answer_on_the_lane(engine: Engine, server: ServerThread) -> 
     assert got_tcp.timing["queue_ns"] == 0 and got_tcp.timing["compute_ns"] > 0  # never queued
     assert stats["lumenrt"]["lane"]["active"] is True
     assert config["parameters"]["lumenrt_lane"]["string_value"] == "inline"
+
+
+def test_the_lane_does_not_ask_for_the_running_loop_per_request(engine: Engine, server: ServerThread) -> None:
+    rt = engine.runtime(MODEL)
+    x = builtin_examples(MODEL, 1)
+    want = engine.infer(MODEL, x).outputs["probabilities"]
+    before = rt.lane.stats.requests
+    with (
+        TcpClient("127.0.0.1", server.ports["tcp"]) as tcp,
+        HttpClient("127.0.0.1", server.ports["http"]) as http,
+    ):
+        tcp.infer(MODEL, x), http.infer(MODEL, x)  # connected (an HTTP connection asks once)
+        with loop_lookups() as lookups:
+            for _ in range(20):
+                np.testing.assert_allclose(tcp.infer(MODEL, x).outputs["probabilities"], want, rtol=1e-6)
+                np.testing.assert_allclose(http.infer(MODEL, x).outputs["probabilities"], want, rtol=1e-6)
+    assert rt.lane.stats.requests == before + 42  # each in a loop turn of its own
+    assert lookups[0] == 0  # the turn's reset is scheduled on the kept loop (a getpid() each on 3.11)
 
 
 def test_pipelined_answers_each_carry_their_own_inputs_result(engine: Engine, server: ServerThread) -> None:

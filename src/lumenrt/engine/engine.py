@@ -495,6 +495,7 @@ class Engine:
         timeout_s: float | None = None,
         priority: int = 0,
         received_slot: int = -1,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> InferRequest:
         """Queue a request from the event loop thread without a Task or Future: ``on_answer(req)``
         runs in that thread once it is answered (``req.outputs`` or ``req.error``; ``req.context``
@@ -503,8 +504,10 @@ class Engine:
         Raises (EngineError, InvalidInput) when admission refuses, and then never calls back.
         Returns the request, to ``cancel`` it while ``req.context is context`` (it may already
         be answered and released when this returns: then its context is not). ``received_slot``:
-        the arena slot the inputs were received in (``ModelRuntime.receive_slot``), taken over."""
-        completions = self._bind(asyncio.get_running_loop())
+        the arena slot the inputs were received in (``ModelRuntime.receive_slot``), taken over.
+        ``loop``: the running loop, where the caller keeps it (else asked of asyncio, which on
+        CPython 3.11 costs a getpid() system call a request)."""
+        completions = self._bind(loop or asyncio.get_running_loop())
         req = rt.submit(
             inputs,
             timeout_s=timeout_s,

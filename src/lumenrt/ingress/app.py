@@ -96,6 +96,7 @@ class ServerApp:
 
     async def start(self) -> None:
         opts = self.options
+        self.service.loop = asyncio.get_running_loop()  # the front ends' (service.py, ``loop``)
         try:
             if opts.http_port is not None:
                 from lumenrt.ingress.http_server import start_http
@@ -185,6 +186,7 @@ class ServerApp:
         await self._close_front_ends()
         if self.service.shared_memory is not None:
             self.service.shared_memory.close()  # every region unmapped, its descriptor closed
+        self.service.loop = None
         return drained
 
     async def _close_front_ends(self) -> None:

@@ -192,6 +192,10 @@ class InferenceService:
         self.draining = False  # shutdown began: readiness false, requests still served (drain_delay_s)
         self.in_flight = 0
         self._drain_cut = False  # set by cut_drain(): wait_idle returns at once
+        # The loop the front ends run on, set by ServerApp.start (None: asked of asyncio at each
+        # use). Kept because CPython 3.11's asyncio.get_running_loop() makes a getpid() system
+        # call every time (its fork check): one per request on the submit path and the lane.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._lane_turn = False  # a request ran inline in this turn of the event loop ...
         self._lane_spent_ns = 0  # ... and the inline compute of this turn so far (``_new_turn``)
         settings = getattr(engine, "settings", None)  # (test doubles of the engine have none)
@@ -589,6 +593,7 @@ class InferenceService:
                 timeout_s=timeout_s,
                 priority=pending.priority,
                 received_slot=received.take(pending.runtime) if received is not None else -1,
+                loop=self.loop,
             )
         except Exception as exc:
             error = as_server_error(exc)
@@ -688,7 +693,7 @@ class InferenceService:
             return None
         if not self._lane_turn:  # the turn's first: it always may (see ``_new_turn``)
             self._lane_turn, self._lane_spent_ns = True, 0
-            asyncio.get_running_loop().call_soon(self._new_turn)
+            (self.loop or asyncio.get_running_loop()).call_soon(self._new_turn)
         elif self._lane_spent_ns >= self._lane_turn_ns:
             return None
         start = received_ns or time.monotonic_ns()
