@@ -86,6 +86,7 @@ class FakeEngine:
         timeout_s: float | None = None,
         priority: int = 0,
         received_slot: int = -1,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Any:
         """As Engine.submit_callback: the inputs are copied now (they are views of the connection's
         receive buffer), the answer comes back on the loop once ``hold`` is open."""
@@ -107,7 +108,7 @@ class FakeEngine:
                 self.finished += 1
             on_answer(req)
 
-        task = (self.loop or asyncio.get_running_loop()).create_task(answer())
+        task = (loop or self.loop or asyncio.get_running_loop()).create_task(answer())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return req
