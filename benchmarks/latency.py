@@ -14,7 +14,9 @@ digits_mlp, batch 1, in one run on this machine:
    uvloop that answers ModelInfer with lumenrt's serialized answer without decoding the request,
    through the same client as the gRPC row (what grpcio alone costs a round trip; HTTP's floor is
    the echo above). Rows are measured in interleaved blocks, ``--repeats``
-   rounds; each figure is the median of the rounds' p50 (p99).
+   rounds; each figure is the median of the rounds' p50 (p99). With ``--loop-spin-us N``, a second
+   lumenrt server given ``--loop-spin-us N`` (its event loop polls for N µs after each request
+   instead of sleeping: ingress/loop_spin.py) adds rows ``lumenrt spin`` here and in 4.
 2. **Stages** of one TCP request from the server's own timestamps (the timing flag): engine time
    (received -> completed), queue, batch, compute, return; the rest of the round trip is the
    client, the wire, parsing, encoding and writing.
@@ -226,9 +228,11 @@ def grpc_echo_response(port: int, inputs: dict[str, Any]) -> bytes:
 
 
 @contextlib.contextmanager
-def lumenrt_server(python: str | None, env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
+def lumenrt_server(
+    python: str | None, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+) -> Iterator[ServeProcess]:
     command = [python, "-m", "lumenrt.cli"] if python else None
-    with start_serve("--models", MODEL, command=command, env=env, cwd=str(ROOT)) as server:
+    with start_serve("--models", MODEL, *extra, command=command, env=env, cwd=str(ROOT)) as server:
         yield server
 
 
@@ -535,6 +539,13 @@ def main(argv: list[str] | None = None) -> int:
         help="SqueezeNet's server workers (default: one per usable CPU); 2 matches the raw loop's "
         "2 sessions on a machine of more CPUs",
     )
+    p.add_argument(
+        "--loop-spin-us",
+        type=int,
+        default=0,
+        help="also measure a server given `--loop-spin-us N` (rows 'lumenrt spin': round trips, "
+        "TCP c8 and HTTP loads), beside the default one",
+    )
     p.add_argument("--out", type=Path, default=Path("results"))
     args = p.parse_args(argv)
     LOAD_REPEATS = max(1, args.load_repeats)
@@ -549,12 +560,20 @@ def main(argv: list[str] | None = None) -> int:
     base = args.baseline_python
     result: dict[str, Any] = {"model": MODEL, "n": args.n, "repeats": args.repeats, "baseline": base}
     servers = {"lumenrt": None, **({"baseline": base} if base else {})}
+    extras: dict[str, tuple[str, ...]] = {}
+    if args.loop_spin_us:
+        servers["lumenrt spin"] = None
+        extras["lumenrt spin"] = ("--loop-spin-us", str(args.loop_spin_us))
+        result["loop_spin_us"] = args.loop_spin_us
     # the load runs' own files (a summary and a CSV each) and the FastAPI input: not results (the
     # folder goes when main returns, or at exit)
     scratch_dir = tempfile.TemporaryDirectory(prefix="lumenrt-latency-")
     scratch = Path(scratch_dir.name)
     with contextlib.ExitStack() as stack:
-        running = {label: stack.enter_context(lumenrt_server(py)) for label, py in servers.items()}
+        running = {
+            label: stack.enter_context(lumenrt_server(py, extra=extras.get(label, ())))
+            for label, py in servers.items()
+        }
         api_port = stack.enter_context(fastapi_server(fastapi, model_path, 1))[0] if fastapi else None
         tcp_ok = {label for label, server in running.items() if speaks_our_tcp(server.ports["tcp"], inputs)}
         for label in set(running) - tcp_ok:
@@ -605,6 +624,11 @@ def main(argv: list[str] | None = None) -> int:
                 fa = rtt["FastAPI inline (1 worker)"]["p50_us"]
                 ratios["tcp_p50_over_fastapi"] = round(rtt["lumenrt TCP"]["p50_us"] / fa, 3)
                 ratios["http_p50_over_fastapi"] = round(rtt["lumenrt HTTP binary"]["p50_us"] / fa, 3)
+                if "lumenrt spin TCP" in rtt:
+                    ratios["spin tcp_p50_over_fastapi"] = round(rtt["lumenrt spin TCP"]["p50_us"] / fa, 3)
+                    ratios["spin http_p50_over_fastapi"] = round(
+                        rtt["lumenrt spin HTTP binary"]["p50_us"] / fa, 3
+                    )
             ratios["tcp_p50_over_echo"] = round(rtt["lumenrt TCP"]["p50_us"] / rtt["echo floor"]["p50_us"], 3)
             ratios["grpc_p50_over_http"] = round(
                 rtt["lumenrt gRPC"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
@@ -612,9 +636,12 @@ def main(argv: list[str] | None = None) -> int:
             ratios["grpcio_echo_p50_over_http"] = round(
                 rtt["grpcio echo floor"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
             )
-            for proto in ("TCP", "HTTP binary", "gRPC"):
-                r = rtt[f"lumenrt {proto}"]
-                ratios[f"{proto} p99/p50"] = round(r["p99_us"] / r["p50_us"], 3)
+            for label in ("lumenrt", "lumenrt spin"):
+                for proto in ("TCP", "HTTP binary", "gRPC"):
+                    r = rtt.get(f"{label} {proto}")
+                    if r is not None:
+                        prefix = "" if label == "lumenrt" else "spin "
+                        ratios[f"{prefix}{proto} p99/p50"] = round(r["p99_us"] / r["p50_us"], 3)
             result["ratios"] = ratios
             print(json.dumps(ratios, indent=1))
         if "stages" not in skip:
@@ -638,18 +665,21 @@ def main(argv: list[str] | None = None) -> int:
             tput: dict[str, dict[str, Any]] = {}
             for label, s in running.items():  # each through its own install's load generator
                 tput[f"{label} TCP c8"] = load(f"tcp://127.0.0.1:{s.ports['tcp']}", 8, args.load_s, scratch,
-                                               f"{label}-tcp-c8", "--metadata-url", f"http://{s.http_url}",
+                                               f"{label.replace(' ', '-')}-tcp-c8", "--metadata-url", f"http://{s.http_url}",
                                                python=servers[label], server_pid=s.proc.pid)  # fmt: skip
             s = running["lumenrt"]
             for c in (1, 4, 8):
-                tput[f"lumenrt HTTP c{c}"] = load(
-                    f"http://{s.http_url}",
-                    c,
-                    args.load_s,
-                    scratch,
-                    f"lumenrt-http-c{c}",
-                    server_pid=s.proc.pid,
-                )
+                for label in ("lumenrt", "lumenrt spin"):
+                    if label in running:
+                        srv = running[label]
+                        tput[f"{label} HTTP c{c}"] = load(
+                            f"http://{srv.http_url}",
+                            c,
+                            args.load_s,
+                            scratch,
+                            f"{label.replace(' ', '-')}-http-c{c}",
+                            server_pid=srv.proc.pid,
+                        )
                 tput[f"lumenrt gRPC c{c}"] = load(f"grpc://{s.grpc_url}", c, args.load_s, scratch,
                                                   f"lumenrt-grpc-c{c}", "--metadata-url", f"http://{s.http_url}",
                                                   server_pid=s.proc.pid)  # fmt: skip
@@ -686,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
             allocs = {
                 label: allocations(py, lib, Path(tmp), inputs, args.alloc_n, tcp=label in tcp_ok)
                 for label, py in servers.items()
+                if label not in extras
             }
             model_call = model_call_allocations(lib, Path(tmp), model_path, inputs, args.alloc_n)
         for row in allocs.values():

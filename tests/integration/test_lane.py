@@ -5,6 +5,7 @@ path; and the cases where it must hand the request to the queue instead."""
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -346,3 +347,35 @@ def test_closing_waits_for_the_request_on_the_lane_then_turns_it_away(tmp_path: 
         closer.join(WAIT_S)
         assert not closer.is_alive()
         assert not rt.lane.active and rt.run_inline(x) is None
+
+
+def test_loop_spin_keeps_the_loop_polling_after_requests_then_lets_it_sleep() -> None:
+    settings = EngineConfig(lane="inline", loop_spin_us=20_000)
+    x = builtin_examples(MODEL, 1)
+    with (
+        Engine(models=[MODEL], settings=settings) as eng,
+        ServerThread(eng, ServeOptions(http_port=0, grpc_port=None, tcp_port=0)) as st,
+    ):
+        want = eng.infer(MODEL, x).outputs["probabilities"]
+        spinner = st.app.service.spinner
+        assert spinner is not None and spinner.window_ns == 20_000_000
+        with (
+            TcpClient("127.0.0.1", st.ports["tcp"]) as tcp,
+            HttpClient("127.0.0.1", st.ports["http"]) as http,
+        ):
+            for _ in range(10):
+                np.testing.assert_allclose(tcp.infer(MODEL, x).outputs["probabilities"], want, rtol=1e-6)
+                np.testing.assert_allclose(http.infer(MODEL, x).outputs["probabilities"], want, rtol=1e-6)
+        assert spinner.count == 20
+        deadline = time.monotonic() + 10
+        while spinner.spinning and time.monotonic() < deadline:  # 20 ms after the last request
+            time.sleep(0.01)
+        assert not spinner.spinning
+        assert spinner.turns > 20  # it polled between the requests, not once each
+        turns = spinner.turns
+        time.sleep(0.1)
+        assert spinner.turns == turns  # asleep while no request comes
+
+
+def test_no_loop_spin_by_default(server: ServerThread) -> None:
+    assert server.app.service.spinner is None

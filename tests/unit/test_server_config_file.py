@@ -54,6 +54,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "allocator": ("standard", "standard"),
     "batch_size": (4, 4),
     "spin_us": (10, 10),
+    "loop_spin_us": (200, 200),
     "lane": ("queue", "queue"),
     "batching": ("fixed", "fixed"),
     "no_pin": (True, True),

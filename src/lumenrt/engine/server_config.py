@@ -6,7 +6,7 @@ The seed's keys keep their names and values under ``engine``::
 
 and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``arena_slots``,
 ``large_arena_bytes``,
-``spin_us``, ``lane``, ``lane_max_us``, ``lane_turn_us``, ``placement``, ``placement_strict``, ``memory_binding`` and
+``spin_us``, ``loop_spin_us``, ``lane``, ``lane_max_us``, ``lane_turn_us``, ``placement``, ``placement_strict``, ``memory_binding`` and
 ``host_policies``
 (engine/placing.py). Every key has an effect (see the README's table); a combination without one is refused:
 ``allocator_type: standard`` with ``worker_mode: process`` (process workers read requests from the
@@ -65,6 +65,7 @@ ENGINE_KEYS = (
     "arena_slots",
     "large_arena_bytes",
     "spin_us",
+    "loop_spin_us",
     "lane",
     "lane_max_us",
     "lane_turn_us",
@@ -155,6 +156,7 @@ class EngineConfig:
     arena_slots: int = DEFAULT_ARENA_SLOTS
     large_arena_bytes: int = DEFAULT_LARGE_ARENA_BYTES
     spin_us: int = DEFAULT_SPIN_US  # poll this long before sleeping (workers, sync callers)
+    loop_spin_us: int = 0  # the server's event loop polls this long after a request (ingress/loop_spin.py)
     lane: str = "queue"  # run small models on the ingress thread: queue | inline | auto
     lane_max_us: int = DEFAULT_LANE_MAX_US  # auto: largest batch-1 compute run inline
     lane_turn_us: int = DEFAULT_LANE_TURN_US  # inline compute per event-loop turn, then the workers
@@ -176,6 +178,7 @@ class EngineConfig:
         read_int(self.arena_slots, src, "engine.arena_slots", minimum=1)
         read_int(self.large_arena_bytes, src, "engine.large_arena_bytes", minimum=0)
         read_int(self.spin_us, src, "engine.spin_us", minimum=0)
+        read_int(self.loop_spin_us, src, "engine.loop_spin_us", minimum=0)
         read_choice(self.lane, LANES, src, "engine.lane")
         read_int(self.lane_max_us, src, "engine.lane_max_us", minimum=0)
         read_int(self.lane_turn_us, src, "engine.lane_turn_us", minimum=0)

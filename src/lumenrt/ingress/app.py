@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from lumenrt.engine.engine import Engine
 from lumenrt.ingress.auth import Gate
+from lumenrt.ingress.loop_spin import LoopSpinner
 from lumenrt.ingress.rate_limit import RateLimiter, RateLimits
 from lumenrt.ingress.service import InferenceService, ServeLimits
 from lumenrt.ingress.shared_memory import SWEEP_INTERVAL_S, SharedMemoryRegistry
@@ -96,7 +97,9 @@ class ServerApp:
 
     async def start(self) -> None:
         opts = self.options
-        self.service.loop = asyncio.get_running_loop()  # the front ends' (service.py, ``loop``)
+        loop = self.service.loop = asyncio.get_running_loop()  # the front ends' (service.py, ``loop``)
+        spin_us = getattr(self.engine.settings, "loop_spin_us", 0)
+        self.service.spinner = LoopSpinner(loop, spin_us) if spin_us else None
         try:
             if opts.http_port is not None:
                 from lumenrt.ingress.http_server import start_http
@@ -186,7 +189,7 @@ class ServerApp:
         await self._close_front_ends()
         if self.service.shared_memory is not None:
             self.service.shared_memory.close()  # every region unmapped, its descriptor closed
-        self.service.loop = None
+        self.service.loop = self.service.spinner = None
         return drained
 
     async def _close_front_ends(self) -> None:

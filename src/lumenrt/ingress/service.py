@@ -29,6 +29,7 @@ from lumenrt.engine.runtime import PLACEMENT_REPORT_MAX_AGE_S
 from lumenrt.engine.server_config import DEFAULT_LANE_TURN_US
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.errors import as_server_error, not_found, unavailable
+from lumenrt.ingress.loop_spin import LoopSpinner
 from lumenrt.ingress.rate_limit import RateLimiter
 from lumenrt.ingress.response_cache import CacheInput, CacheKey, CacheStats, ResponseCache
 from lumenrt.ingress.shared_memory import SharedMemoryRegistry
@@ -196,6 +197,7 @@ class InferenceService:
         # use). Kept because CPython 3.11's asyncio.get_running_loop() makes a getpid() system
         # call every time (its fork check): one per request on the submit path and the lane.
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.spinner: LoopSpinner | None = None  # engine.loop_spin_us (loop_spin.py); set with ``loop``
         self._lane_turn = False  # a request ran inline in this turn of the event loop ...
         self._lane_spent_ns = 0  # ... and the inline compute of this turn so far (``_new_turn``)
         settings = getattr(engine, "settings", None)  # (test doubles of the engine have none)
@@ -684,6 +686,9 @@ class InferenceService:
         down, this loop turn's inline time used up): the caller then awaits ``infer``. Raises
         ServerError. The outcome's stage times are the lane's, valid until its next request:
         encode the answer before serving another."""
+        spinner = self.spinner
+        if spinner is not None:
+            spinner.seen()
         key, cached = self._cache_find(rt, arrays, outputs)
         if cached is not None:
             return self._cache_hit(rt, cached, timing, received_ns, protocol, request_id)
