@@ -213,7 +213,7 @@ def builtin_calibration(name: str, count: int) -> dict[str, npt.NDArray[Any]]:
     if name == "digits_mlp":
         from lumenrt.models import digits
 
-        return {digits.INPUT_NAME: np.ascontiguousarray(digits.calibration_rows()[:count])}
+        return {digits.INPUT_NAME: np.array(digits.calibration_rows()[:count])}  # a copy: writable
     raise KeyError(f"no calibration data for {name!r} (built-in ONNX models: {', '.join(QUANTIZABLE)})")
 
 
@@ -232,14 +232,14 @@ def builtin_held_out(
         from lumenrt.models import digits
 
         x, y = digits.held_out()
-        return {digits.INPUT_NAME: np.ascontiguousarray(x[:count])}, y[:count]
+        return {digits.INPUT_NAME: np.array(x[:count])}, np.array(y[:count])  # copies: writable
     raise KeyError(f"no held-out data for {name!r} (built-in ONNX models: {', '.join(QUANTIZABLE)})")
 
 
 def _rows(x: npt.NDArray[np.float32], batch: int) -> npt.NDArray[np.float32]:
     if not 0 < batch <= len(x):
         raise ValueError(f"batch must be in 1..{len(x)}, got {batch}")
-    return np.ascontiguousarray(x[:batch])
+    return np.array(x[:batch])  # a copy: the split is shared and read-only (models/split.py)
 
 
 def _writers() -> dict[str, Callable[[Path], dict[str, Any]]]:

@@ -33,7 +33,7 @@ _ACTIVATIONS = {"relu": "Relu", "tanh": "Tanh", "logistic": "Sigmoid", "identity
 
 def held_out() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """The held-out quarter of the digits data (stratified, fixed seed): the examples and the
-    accuracy are measured on it, never on training rows."""
+    accuracy are measured on it, never on training rows. Read-only arrays (models/split.py)."""
     return _split()[1]
 
 

@@ -31,7 +31,7 @@ PARAMS: dict[str, Any] = {
 
 
 def held_out() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    """The held-out quarter of the data (stratified, fixed seed)."""
+    """The held-out quarter of the data (stratified, fixed seed); read-only arrays (models/split.py)."""
     return _split()[1]
 
 
