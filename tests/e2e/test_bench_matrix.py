@@ -80,8 +80,9 @@ def test_matrix_runs_a_slice_and_writes_rows(tmp_path: Path, capsys: pytest.Capt
     # the offered rate was carried (saturation gives thousands); a busy machine delays the last answers
     assert fixed["throughput_per_s"] == pytest.approx(200, rel=0.5)
     assert all(r["lane"] == "auto" for r in doc["rows"])  # the lane `lumenrt serve` uses by default
-    assert "| naive | standard | thread | 2 | 4 | auto | saturation |" in format_table(doc)
-    assert "| naive | standard | thread | 2 | 4 | auto | saturation |" in out
+    assert all(r["loop_spin_us"] == 0 for r in doc["rows"])  # serve's default: the loop sleeps at once
+    assert "| naive | standard | thread | 2 | 4 | auto | 0 | saturation |" in format_table(doc)
+    assert "| naive | standard | thread | 2 | 4 | auto | 0 | saturation |" in out
 
 
 def test_spsc_rows_have_their_one_worker() -> None:
@@ -98,3 +99,22 @@ def test_spsc_rows_have_their_one_worker() -> None:
     # it: process workers always use the shared arena), plus one-worker mpmc rows per mode
     assert len(rows) == 4 * 2 * 2 * 2 - 4 * 2 + 2
     assert not [c for c in rows if c.allocator_type == "standard" and c.mode == "process"]
+
+
+def test_loop_spin_is_a_dimension_given_to_serve() -> None:
+    import argparse
+
+    from lumenrt.bench.matrix import add_arguments, configs
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    plain = configs(parser.parse_args(["--queue-types", "mpmc", "--modes", "thread"]))
+    both = configs(
+        parser.parse_args(["--queue-types", "mpmc", "--modes", "thread", "--loop-spin-us", "0", "200"])
+    )
+    assert len(both) == 2 * len(plain) - 1  # the one-worker row takes the first value only
+    spun = [c for c in both if c.loop_spin_us == 200]
+    assert spun and all(c.label.endswith("/spin200") for c in spun)
+    args = spun[0].serve_args()
+    assert args[args.index("--loop-spin-us") + 1] == "200"
+    assert {c.loop_spin_us for c in plain} == {0}

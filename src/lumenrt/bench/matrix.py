@@ -1,6 +1,7 @@
 """``lumenrt bench matrix``: the seed's architecture table, reproduced through the real server.
 
-For each configuration (queue_type x allocator_type x worker mode x batch size x lane, 2 workers,
+For each configuration (queue_type x allocator_type x worker mode x batch size x lane x
+loop_spin_us, 2 workers,
 spsc 1 as it has one consumer; plus one-worker mpmc rows) it starts ``lumenrt serve`` with it, drives the model over the binary TCP protocol
 with the load generator of ``lumenrt bench load`` (this process, separate from the server):
 
@@ -50,10 +51,12 @@ class Config:
     workers: int
     batch_size: int
     lane: str = "auto"
+    loop_spin_us: int = 0  # the event loop's polling after each request (ingress/loop_spin.py)
 
     @property
     def label(self) -> str:
-        return f"{self.queue_type}/{self.allocator_type}/{self.mode}/w{self.workers}/b{self.batch_size}/{self.lane}"
+        spin = f"/spin{self.loop_spin_us}" if self.loop_spin_us else ""
+        return f"{self.queue_type}/{self.allocator_type}/{self.mode}/w{self.workers}/b{self.batch_size}/{self.lane}{spin}"
 
     def serve_args(self) -> list[str]:
         return [
@@ -67,6 +70,8 @@ class Config:
             str(self.workers),
             "--lane",
             self.lane,
+            "--loop-spin-us",
+            str(self.loop_spin_us),
         ]
 
 
@@ -74,15 +79,16 @@ def configs(args: argparse.Namespace) -> list[Config]:
     """Every served combination. ``standard`` with process workers is no configuration (the engine
     refuses it: process workers always read requests from the shared arena), so it has no row."""
     rows = [
-        Config(q, a, m, 1 if q == "spsc" else WORKERS, b, lane)  # spsc has one consumer: one worker
-        for q, a, m, b, lane in itertools.product(
-            args.queue_types, args.allocators, args.modes, args.batch_sizes, args.lanes
+        Config(q, a, m, 1 if q == "spsc" else WORKERS, b, lane, spin)  # spsc has one consumer: one worker
+        for q, a, m, b, lane, spin in itertools.product(
+            args.queue_types, args.allocators, args.modes, args.batch_sizes, args.lanes, args.loop_spin_us
         )
         if not (a == "standard" and m == "process")
     ]
     if args.single_worker:  # the seed's "one worker: half the throughput", on the default architecture
         rows += [
-            Config("mpmc", "lumen_arena", m, 1, max(args.batch_sizes), args.lanes[0]) for m in args.modes
+            Config("mpmc", "lumen_arena", m, 1, max(args.batch_sizes), args.lanes[0], args.loop_spin_us[0])
+            for m in args.modes
         ]
     return rows
 
@@ -148,6 +154,7 @@ def _row(
         "workers": config.workers,
         "batch_size": config.batch_size,
         "lane": config.lane,
+        "loop_spin_us": config.loop_spin_us,
         "load": load,
         "throughput_per_s": throughput,
         "ratio_to_raw": round(throughput / raw_per_s, 3) if raw_per_s else None,
@@ -172,15 +179,15 @@ def format_table(doc: dict[str, Any]) -> str:
         f"architecture matrix, model {doc['model']}: raw limit {raw.get('throughput_per_s') or 0:.1f}/s "
         f"({raw.get('threads')} ONNX Runtime threads); fixed load {doc['fixed_rate_per_s']:.0f}/s open loop, "
         f"saturation {doc['saturation_concurrency']} clients closed loop",
-        "| queue | allocator | mode | workers | batch | lane | load | throughput/s | x raw | p50 ms | p99 ms "
-        "| p99.9 ms | compute ms | mean batch | errors |",
-        "|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| queue | allocator | mode | workers | batch | lane | loop spin µs | load | throughput/s | x raw | p50 ms "
+        "| p99 ms | p99.9 ms | compute ms | mean batch | errors |",
+        "|---|---|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["rows"]:
         ratio = "-" if r["ratio_to_raw"] is None else f"{r['ratio_to_raw']:.2f}"
         lines.append(
             f"| {r['queue_type']} | {r['allocator_type']} | {r['mode']} | {r['workers']} | {r['batch_size']} "
-            f"| {r.get('lane', 'queue')} | {r['load']} | {r['throughput_per_s']:.1f} | {ratio} | {_ms(r['p50_us'])} | {_ms(r['p99_us'])} "
+            f"| {r.get('lane', 'queue')} | {r.get('loop_spin_us', 0)} | {r['load']} | {r['throughput_per_s']:.1f} | {ratio} | {_ms(r['p50_us'])} | {_ms(r['p99_us'])} "
             f"| {_ms(r['p99_9_us'])} | {_ms(r['compute_mean_us'])} | {r.get('batch_size_mean') or '-'} "
             f"| {r['errors']} |"
         )
@@ -274,6 +281,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="inline lane settings (default auto; 'queue inline' compares them, e.g. with --model digits_mlp)",
     )
     p.add_argument(
+        "--loop-spin-us",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="the event loop's polling after each request, µs (serve --loop-spin-us; default 0; "
+        "'0 200' compares them)",
+    )
+    p.add_argument(
         "--no-single-worker", dest="single_worker", action="store_false", help="leave out the one-worker rows"
     )
     p.add_argument(
@@ -300,6 +315,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         args.duration_s, args.warmup_s, args.raw_duration_s = 2.0, 0.5, 1.0
     if any(b < 1 for b in args.batch_sizes):
         print("lumenrt bench matrix: --batch-sizes must be at least 1", file=sys.stderr)
+        return 2
+    if any(us < 0 for us in args.loop_spin_us):
+        print("lumenrt bench matrix: --loop-spin-us must be at least 0", file=sys.stderr)
         return 2
     from lumenrt.models.builtin import ensure_builtin_repository
 
