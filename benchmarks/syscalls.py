@@ -6,11 +6,13 @@
 One ``lumenrt serve`` (with ``--serve-args``) is warmed up over each protocol with ``lumenrt bench
 load`` (closed loop, concurrency 1, ``--warmup-s`` seconds), then ``strace -c -f`` is attached to
 it while ``--requests`` more requests are sent, and each system call's count is divided by them.
-Counted: every thread of the server process (the event loop, the worker threads, ORT's pools);
-not counted: worker processes (``--mode process``), which start before strace attaches, and the
-load generator. At concurrency 1 the workers sleep between requests, so their wake-ups (futex)
-show; the floor of an event-loop server is one ``epoll_pwait``, one ``read`` and one ``write`` a
-request. Needs ``strace`` (Debian: ``apt-get install strace``). Prints a table and writes
+Counted: every thread of the server process (the event loop, the worker threads, ORT's pools),
+including the idle second while strace attaches and the load generator's connecting (a few calls
+against thousands); not counted: worker processes (``--mode process``), which start before strace
+attaches, and the load generator. At concurrency 1 the workers sleep between requests, so their
+wake-ups (futex) show; the floor of an event-loop server is one ``epoll_pwait``, one ``read`` and
+one ``write`` a request. strace must be allowed to attach (Yama ``ptrace_scope`` 0, or root); the
+script stops with strace's message when it is not. Needs ``strace`` (Debian: ``apt-get install strace``). Prints a table and writes
 ``syscalls-<stamp>.json``.
 """
 
@@ -50,23 +52,30 @@ def count(serve: ServeProcess, target: list[str], requests: int, warmup_s: float
     """Calls a request, by system call, over ``requests`` measured requests."""
     bench_load(*target, "--concurrency", "1", "--duration-s", str(warmup_s), "--warmup-s", "0", "--no-stages")
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "strace.txt"
-        tracer = subprocess.Popen(
-            ["strace", "-c", "-f", "-p", str(serve.proc.pid), "-o", str(out)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            time.sleep(ATTACH_S)
-            summary = bench_load(*target, "--concurrency", "1", "--requests", str(requests), "--warmup-s", "0",
-                                 "--no-stages")  # fmt: skip
-        finally:
-            tracer.send_signal(signal.SIGINT)
-            tracer.wait(30)
+        out, err = Path(tmp) / "strace.txt", Path(tmp) / "strace.err"
+        with err.open("w") as err_file:
+            tracer = subprocess.Popen(
+                ["strace", "-c", "-f", "-p", str(serve.proc.pid), "-o", str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=err_file,
+            )
+            try:
+                time.sleep(ATTACH_S)
+                if tracer.poll() is not None:
+                    raise RuntimeError(f"strace could not attach to the server: {err.read_text().strip()}")
+                summary = bench_load(*target, "--concurrency", "1", "--requests", str(requests), "--warmup-s",
+                                     "0", "--no-stages")  # fmt: skip
+            finally:
+                if tracer.poll() is None:
+                    tracer.send_signal(signal.SIGINT)
+                tracer.wait(30)
         sent = int(summary["counts"]["ok"])
         if sent != requests:
             raise RuntimeError(f"{requests} requests sent, {sent} answered ok: {summary['counts']}")
-        calls = parse_strace_summary(out.read_text())
+        calls = parse_strace_summary(out.read_text() if out.exists() else "")
+        if not calls:  # e.g. not allowed to trace (ptrace_scope, no CAP_SYS_PTRACE)
+            raise RuntimeError(f"strace counted no system calls (exit {tracer.returncode}): "
+                               f"{err.read_text().strip()}")  # fmt: skip
     return {name: n / requests for name, n in sorted(calls.items(), key=lambda kv: -kv[1])}
 
 

@@ -343,3 +343,25 @@ def test_dashboard_command_line(tmp_path: Path) -> None:
     assert command[-3:] == ["--", "--results", str(tmp_path)]
     assert url_of("0.0.0.0", 8501) == "http://127.0.0.1:8501/"
     assert url_of("::1", 8501) == "http://[::1]:8501/"
+
+
+def test_matrix_rows_that_differ_in_lane_or_loop_spin_have_their_own_names(tmp_path: Path) -> None:
+    from lumenrt.dashboard.results import parse_matrix
+
+    base = {"queue_type": "mpmc", "allocator_type": "lumen_arena", "mode": "thread", "workers": 2,
+            "batch_size": 8, "load": "saturation", "throughput_per_s": 1000.0}  # fmt: skip
+    rows = [
+        {**base, "lane": "queue", "loop_spin_us": 0},
+        {**base, "lane": "queue", "loop_spin_us": 200},
+        {**base, "lane": "auto", "loop_spin_us": 0},
+        base,  # a row written before the matrix had either dimension
+    ]
+    doc = {"kind": "matrix", "model": "digits_mlp", "rows": rows}
+    run = parse_matrix(tmp_path / "matrix.json", "matrix.json", doc)
+    names = [row.configuration for row in run.rows]
+    assert names == [
+        "mpmc/lumen_arena/thread w2 b8 queue",
+        "mpmc/lumen_arena/thread w2 b8 queue spin200",
+        "mpmc/lumen_arena/thread w2 b8 auto",
+        "mpmc/lumen_arena/thread w2 b8",
+    ]

@@ -12,13 +12,9 @@ from lumenrt.ingress.loop_spin import LoopSpinner
 class FakeLoop:
     def __init__(self) -> None:
         self.ready: list[Callable[[], None]] = []
-        self.closed = False
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.ready.append(callback)
-
-    def is_closed(self) -> bool:
-        return self.closed
 
     def turn(self) -> None:
         """One turn of the loop: the callbacks ready at its start."""
@@ -72,12 +68,3 @@ def test_it_spins_for_the_window_after_the_last_request_then_sleeps(clock: list[
     assert spinner.turns == 5
     spinner.seen()  # the next request starts it again
     assert spinner.spinning and len(loop.ready) == 1
-
-
-def test_a_closed_loop_stops_it(clock: list[int]) -> None:
-    loop = FakeLoop()
-    spinner = LoopSpinner(loop, 100)  # type: ignore[arg-type]
-    spinner.seen()
-    loop.closed = True
-    loop.turn()
-    assert not spinner.spinning and loop.ready == []

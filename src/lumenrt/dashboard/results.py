@@ -139,11 +139,15 @@ class MatrixRow:
     compute_mean_us: float | None
     errors: int
     run: str | None
+    lane: str | None = None  # rows written before the matrix had the dimension: None
+    loop_spin_us: int = 0
 
     @property
     def configuration(self) -> str:
         """A short name of the serve configuration (without the load point)."""
-        return f"{self.queue_type}/{self.allocator_type}/{self.mode} w{self.workers} b{self.batch_size}"
+        lane = f" {self.lane}" if self.lane else ""
+        spin = f" spin{self.loop_spin_us}" if self.loop_spin_us else ""
+        return f"{self.queue_type}/{self.allocator_type}/{self.mode} w{self.workers} b{self.batch_size}{lane}{spin}"
 
 
 @dataclass(frozen=True)
@@ -368,6 +372,8 @@ def _parse_matrix_row(row: dict[str, Any], i: int) -> MatrixRow:
         compute_mean_us=num("compute_mean_us"),
         errors=_int(row.get("errors", 0), f"rows[{i}].errors"),
         run=_opt_str(row.get("run")),
+        lane=_opt_str(row.get("lane")),
+        loop_spin_us=_int(row.get("loop_spin_us", 0), f"rows[{i}].loop_spin_us"),
     )
 
 

@@ -128,6 +128,7 @@ class ServerApp:
                 self._sweep_shm = asyncio.get_running_loop().create_task(self._sweep_shared_memory())
         except BaseException:
             await self._close_front_ends()
+            self.service.loop = self.service.spinner = None
             raise
 
     # ---- keys and certificates: reloaded on SIGHUP (lumenrt serve) or when their files change ----

@@ -109,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "  arena_slots       arena slots per model version (default 256)\n"
         "  large_arena_bytes GPU models: slots of max_batch_size rows, up to this much (default 1 GiB)\n"
         "  spin_us           poll this long before sleeping                         (--spin-us)\n"
-        "  loop_spin_us      the event loop polls this long after a request, not sleeping (--loop-spin-us)\n"
+        "  loop_spin_us      the event loop polls this long after a request or answer (--loop-spin-us)\n"
         "  lane              queue | inline | auto: small models run on the ingress thread (--lane)\n"
         "  lane_max_us       auto: largest batch-1 compute run inline (default 30)\n"
         "  lane_turn_us      inline compute per event-loop turn before the rest go to the workers\n"
@@ -195,9 +195,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument(
         "--loop-spin-us",
         type=int,
-        help="after each request the event loop polls its sockets this long instead of sleeping, so "
-        "that the next request of a client is read without waking it (lower latency at a few "
-        "clients, a CPU kept busy meanwhile; default 0: sleep at once)",
+        help="after each request and each answer from the workers, the event loop polls its "
+        "sockets this long (µs) instead of sleeping, so that a client's next request is read "
+        "without waking it (lower latency at a few clients, a CPU kept busy meanwhile; default 0: "
+        "sleep at once)",
     )
     eng.add_argument(
         "--lane",

@@ -325,6 +325,7 @@ class InferenceService:
             "queue_type": options.queue_type,
             "allocator_type": options.allocator_type,
             "spin_us": options.spin_us,
+            "loop_spin_us": getattr(self.engine.settings, "loop_spin_us", 0),
             "pin": options.pin,
             "lane": "inline" if rt.lane.active else "queue",  # what auto decided for this model
         }
@@ -639,6 +640,9 @@ class InferenceService:
         record, or its arena slot) are released only after."""
         pending: PendingAnswer = req.context
         rt = pending.runtime
+        spinner = self.spinner
+        if spinner is not None:  # the client's next request comes after this answer
+            spinner.seen()
         start = pending.received_ns or req.times.received_ns
         outcome: InferOutcome | None = None
         failure: ServerError | None = None
