@@ -2,8 +2,8 @@
 
 An event loop that goes to sleep in ``epoll_wait`` between two requests of a closed-loop client
 is woken by the next one; on a virtual machine the CPU it ran on may have halted meanwhile, and
-waking it costs tens of microseconds (on the 2-CPU VM: TCP p50 200 µs asleep against 160 µs kept
-awake, README ``loop_spin_us``). While the spinner is on, a callback re-queues itself on every
+waking it costs tens of microseconds (on the 2-CPU VM, digits_mlp at one client over TCP: p50
+187 µs asleep against 138 µs kept awake, benchmarks/latency.py; README ``loop_spin_us``). While the spinner is on, a callback re-queues itself on every
 turn of the loop, so the loop polls its sockets with a zero timeout instead of sleeping, and a
 request that arrives is read at once. The window opens again with every request (the service's
 ``infer_inline``) and every answer a worker sends back (``_answered``): a request to a model
