@@ -1,9 +1,9 @@
 """``lumenrt bench matrix``: the seed's architecture table, reproduced through the real server.
 
 For each configuration (queue_type x allocator_type x worker mode x batch size x lane x
-loop_spin_us, 2 workers,
-spsc 1 as it has one consumer; plus one-worker mpmc rows) it starts ``lumenrt serve`` with it, drives the model over the binary TCP protocol
-with the load generator of ``lumenrt bench load`` (this process, separate from the server):
+loop_spin_us, 2 workers, spsc 1 as it has one consumer; plus one-worker mpmc rows) it starts
+``lumenrt serve`` with it, drives the model over the binary TCP protocol with the load generator
+of ``lumenrt bench load`` (this process, separate from the server):
 
 - ``fixed``: open loop at one offered rate for every row (default: half the raw limit), so latency
   is compared at equal work; latency is measured from the intended send time;

@@ -3,19 +3,19 @@
 An event loop that goes to sleep in ``epoll_wait`` between two requests of a closed-loop client
 is woken by the next one; on a virtual machine the CPU it ran on may have halted meanwhile, and
 waking it costs tens of microseconds (on the 2-CPU VM, digits_mlp at one client over TCP: p50
-187 µs asleep against 138 µs kept awake, benchmarks/latency.py; README ``loop_spin_us``). While the spinner is on, a callback re-queues itself on every
-turn of the loop, so the loop polls its sockets with a zero timeout instead of sleeping, and a
-request that arrives is read at once. The window opens again with every request (the service's
-``infer_inline``) and every answer a worker sends back (``_answered``): a request to a model
-slower than the window would otherwise find the loop asleep when its answer goes out, and so
-would the client's next request.
+187 µs asleep against 138 µs kept awake, benchmarks/latency.py; README ``loop_spin_us``). While
+the spinner is on, a callback re-queues itself on every turn of the loop, so the loop polls its
+sockets with a zero timeout instead of sleeping, and a request that arrives is read at once. The
+window opens again with every request (the service's ``infer_inline``) and every answer a worker
+sends back (``_answered``): a request to a model slower than the window would otherwise find the
+loop asleep when its answer goes out, and so would the client's next request.
 
 Invariants
   1. Event loop thread only: ``seen`` (called by the service for every request and every answer
      from the workers) and the spin callback run there; no lock.
-  2. Bounded: the spin stops once ``window_ns`` passed without a request, so an idle server
-     polls for at most that long after its last request and then sleeps as before; it starts
-     again with the next request. With ``window_ns`` 0 nothing is ever scheduled.
+  2. Bounded: the spin stops once ``window_ns`` passed without a request or an answer, so an
+     idle server polls for at most that long after its last one and then sleeps as before; it
+     starts again with the next request. With ``window_ns`` 0 nothing is ever scheduled.
   3. Cheap while busy: ``seen`` is a counter increment and a flag test; the clock is read only in
      the spin callback, once a turn.
   4. One callback at most: ``spinning`` is true exactly while one spin callback is queued, so
