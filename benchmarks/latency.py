@@ -85,6 +85,7 @@ from roundtrip import (
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODEL = "digits_mlp"
+LUMENRT_ROWS = ("lumenrt", "lumenrt spin")  # this install's servers: the default, and --loop-spin-us N
 WARMUP = 300
 Measure = Callable[[int], list[int]]  # n requests -> per-request latencies (ns)
 DEFAULT_FASTAPI = ROOT / ".venv-fastapi" / "bin" / "python"
@@ -576,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         api_port = stack.enter_context(fastapi_server(fastapi, model_path, 1))[0] if fastapi else None
         tcp_ok = {label for label, server in running.items() if speaks_our_tcp(server.ports["tcp"], inputs)}
+        # this install's servers and their ratios' prefixes
+        ours = {label: "" if label == "lumenrt" else "spin " for label in LUMENRT_ROWS if label in running}
         for label in set(running) - tcp_ok:
             print(f"note: {label} speaks another TCP protocol version: its TCP round trips, stages and "
                   "allocations are left out; its TCP load runs through its own load generator", file=sys.stderr)  # fmt: skip
@@ -622,12 +625,10 @@ def main(argv: list[str] | None = None) -> int:
             ratios = {}
             if "FastAPI inline (1 worker)" in rtt:
                 fa = rtt["FastAPI inline (1 worker)"]["p50_us"]
-                ratios["tcp_p50_over_fastapi"] = round(rtt["lumenrt TCP"]["p50_us"] / fa, 3)
-                ratios["http_p50_over_fastapi"] = round(rtt["lumenrt HTTP binary"]["p50_us"] / fa, 3)
-                if "lumenrt spin TCP" in rtt:
-                    ratios["spin tcp_p50_over_fastapi"] = round(rtt["lumenrt spin TCP"]["p50_us"] / fa, 3)
-                    ratios["spin http_p50_over_fastapi"] = round(
-                        rtt["lumenrt spin HTTP binary"]["p50_us"] / fa, 3
+                for label, prefix in ours.items():
+                    ratios[f"{prefix}tcp_p50_over_fastapi"] = round(rtt[f"{label} TCP"]["p50_us"] / fa, 3)
+                    ratios[f"{prefix}http_p50_over_fastapi"] = round(
+                        rtt[f"{label} HTTP binary"]["p50_us"] / fa, 3
                     )
             ratios["tcp_p50_over_echo"] = round(rtt["lumenrt TCP"]["p50_us"] / rtt["echo floor"]["p50_us"], 3)
             ratios["grpc_p50_over_http"] = round(
@@ -636,12 +637,10 @@ def main(argv: list[str] | None = None) -> int:
             ratios["grpcio_echo_p50_over_http"] = round(
                 rtt["grpcio echo floor"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
             )
-            for label in ("lumenrt", "lumenrt spin"):
+            for label, prefix in ours.items():
                 for proto in ("TCP", "HTTP binary", "gRPC"):
-                    r = rtt.get(f"{label} {proto}")
-                    if r is not None:
-                        prefix = "" if label == "lumenrt" else "spin "
-                        ratios[f"{prefix}{proto} p99/p50"] = round(r["p99_us"] / r["p50_us"], 3)
+                    r = rtt[f"{label} {proto}"]
+                    ratios[f"{prefix}{proto} p99/p50"] = round(r["p99_us"] / r["p50_us"], 3)
             result["ratios"] = ratios
             print(json.dumps(ratios, indent=1))
         if "stages" not in skip:
@@ -669,17 +668,16 @@ def main(argv: list[str] | None = None) -> int:
                                                python=servers[label], server_pid=s.proc.pid)  # fmt: skip
             s = running["lumenrt"]
             for c in (1, 4, 8):
-                for label in ("lumenrt", "lumenrt spin"):
-                    if label in running:
-                        srv = running[label]
-                        tput[f"{label} HTTP c{c}"] = load(
-                            f"http://{srv.http_url}",
-                            c,
-                            args.load_s,
-                            scratch,
-                            f"{label.replace(' ', '-')}-http-c{c}",
-                            server_pid=srv.proc.pid,
-                        )
+                for label in ours:
+                    srv = running[label]
+                    tput[f"{label} HTTP c{c}"] = load(
+                        f"http://{srv.http_url}",
+                        c,
+                        args.load_s,
+                        scratch,
+                        f"{label.replace(' ', '-')}-http-c{c}",
+                        server_pid=srv.proc.pid,
+                    )
                 tput[f"lumenrt gRPC c{c}"] = load(f"grpc://{s.grpc_url}", c, args.load_s, scratch,
                                                   f"lumenrt-grpc-c{c}", "--metadata-url", f"http://{s.http_url}",
                                                   server_pid=s.proc.pid)  # fmt: skip
