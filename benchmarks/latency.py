@@ -7,12 +7,13 @@ digits_mlp, batch 1, in one run on this machine:
 
 1. **c1 round trips** against a loopback echo of the same bytes: lumenrt binary TCP
    (``TcpClient``), lumenrt HTTP (V2 binary tensor extension, keep-alive ``http.client``), lumenrt
-   gRPC (one grpc channel, the generated ModelInfer stub), FastAPI with the same ONNX session
+   gRPC (lumenrt's own ``GrpcClient``, one HTTP/2 connection; and beside it through grpcio's client,
+   one channel, as tritonclient calls it), FastAPI with the same ONNX session
    inline (``benchmarks/peers/fastapi_app.py`` under uvicorn, one worker, raw bytes, keep-alive
    ``http.client``) and, with ``--baseline-python``, the same three lumenrt rows from another
    install (e.g. the commit before a change), and a **grpcio echo floor**: a grpc.aio server on
    uvloop that answers ModelInfer with lumenrt's serialized answer without decoding the request,
-   through the same client as the gRPC row (what grpcio alone costs a round trip; HTTP's floor is
+   through grpcio's client (what grpcio alone costs a round trip; HTTP's floor is
    the echo above). Rows are measured in interleaved blocks, ``--repeats``
    rounds; each figure is the median of the rounds' p50 (p99). With ``--loop-spin-us N``, a second
    lumenrt server given ``--loop-spin-us N`` (its event loop polls for N µs after each request
@@ -158,6 +159,16 @@ def fastapi_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callabl
 
 
 def grpc_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
+    """lumenrt's own gRPC client (``lumenrt.client.grpc.GrpcClient``: one HTTP/2 connection)."""
+    from lumenrt.client.grpc import GrpcClient, encode_infer
+
+    client = GrpcClient("127.0.0.1", port)
+    request = encode_infer(MODEL, inputs)
+    return (lambda n: _timed(lambda: client.call("ModelInfer", request, 30.0), n)), client.close
+
+
+def grpcio_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
+    """grpcio's client (one channel, the ModelInfer method as tritonclient calls it)."""
     import grpc
     import lumenrt.protocols.proto.grpc_service_pb2 as pb
 
@@ -595,8 +606,11 @@ def main(argv: list[str] | None = None) -> int:
             grpc_answer = grpc_echo_response(running["lumenrt"].ports["grpc"], inputs)
             grpc_echo = _Child(_grpc_echo_main, (grpc_answer,), "lumenrt-grpc-echo")
             stack.callback(grpc_echo.stop)
-            measure, close = grpc_measure(grpc_echo.port, inputs)
+            measure, close = grpcio_measure(grpc_echo.port, inputs)
             rows["grpcio echo floor"] = measure
+            closers.append(close)
+            measure, close = grpcio_measure(running["lumenrt"].ports["grpc"], inputs)
+            rows["lumenrt gRPC, grpcio client"] = measure
             closers.append(close)
             for label, server in running.items():
                 for proto, make in (
@@ -636,6 +650,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             ratios["grpcio_echo_p50_over_http"] = round(
                 rtt["grpcio echo floor"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
+            )
+            ratios["grpcio_client_grpc_p50_over_http"] = round(
+                rtt["lumenrt gRPC, grpcio client"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
             )
             for label, prefix in ours.items():
                 for proto in ("TCP", "HTTP binary", "gRPC"):

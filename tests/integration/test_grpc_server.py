@@ -1,6 +1,7 @@
 """The gRPC front end through the real tritonclient.grpc: health, metadata, config, inference (raw and
 typed contents, BYTES), errors and their status codes, statistics, the model repository, and the
-.proto's wire numbers checked against tritonclient's own descriptors."""
+.proto's wire numbers checked against tritonclient's own descriptors. Every test runs against both
+gRPC servers: lumenrt's own HTTP/2 server (``h2``, the default) and grpc.aio (``grpcio``)."""
 
 import queue
 import threading
@@ -25,6 +26,16 @@ from tests.integration import slow_model_state
 MODELS = ["squeezenet", "digits_mlp", "tabular_xgb"]
 
 
+@pytest.fixture(scope="module", params=["h2", "grpcio"])
+def grpc_kind(request: pytest.FixtureRequest) -> str:
+    """Which gRPC server (ServeOptions.grpc_server)."""
+    return str(request.param)
+
+
+def options(grpc_kind: str, **kwargs: Any) -> ServeOptions:
+    return ServeOptions(http_port=None, grpc_port=0, tcp_port=None, grpc_server=grpc_kind, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     eng = Engine(models=MODELS)
@@ -33,8 +44,8 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def server(engine: Engine) -> Iterator[ServerThread]:
-    with ServerThread(engine, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as st:
+def server(engine: Engine, grpc_kind: str) -> Iterator[ServerThread]:
+    with ServerThread(engine, options(grpc_kind)) as st:
         yield st
 
 
@@ -493,11 +504,8 @@ def test_loading_an_unknown_model_fails_naming_it(client: tgrpc.InferenceServerC
 # ---- limits and shutdown --------------------------------------------------------------------------
 
 
-def test_a_message_over_the_limit_is_resource_exhausted(engine: Engine) -> None:
-    options = ServeOptions(
-        http_port=None, grpc_port=0, tcp_port=None, limits=ServeLimits(max_body_bytes=4096)
-    )
-    with ServerThread(engine, options) as st:
+def test_a_message_over_the_limit_is_resource_exhausted(engine: Engine, grpc_kind: str) -> None:
+    with ServerThread(engine, options(grpc_kind, limits=ServeLimits(max_body_bytes=4096))) as st:
         c = tgrpc.InferenceServerClient(f"127.0.0.1:{st.ports['grpc']}")
         try:
             err = grpc_error(lambda: c.infer("digits_mlp", [digits_input(rng_rows(32, 64))]))
@@ -507,8 +515,8 @@ def test_a_message_over_the_limit_is_resource_exhausted(engine: Engine) -> None:
             c.close()
 
 
-def test_a_stopped_server_refuses_rpcs(engine: Engine) -> None:
-    st = ServerThread(engine, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)).start()
+def test_a_stopped_server_refuses_rpcs(engine: Engine, grpc_kind: str) -> None:
+    st = ServerThread(engine, options(grpc_kind)).start()
     port = st.ports["grpc"]
     c = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
     try:
@@ -581,10 +589,10 @@ def python_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bytes_server(python_repo: Path) -> Iterator[ServerThread]:
+def bytes_server(python_repo: Path, grpc_kind: str) -> Iterator[ServerThread]:
     eng = Engine(python_repo, models=["echo"])
     try:
-        with ServerThread(eng, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as st:
+        with ServerThread(eng, options(grpc_kind)) as st:
             yield st
     finally:
         eng.close()
@@ -628,10 +636,10 @@ def test_bytes_from_typed_contents(bytes_server: ServerThread) -> None:
     assert response.raw_output_contents[0] == b"\x03\0\0\0HI!\x03\0\0\0YO!"
 
 
-def test_shutdown_lets_an_in_flight_request_finish(python_repo: Path) -> None:
+def test_shutdown_lets_an_in_flight_request_finish(python_repo: Path, grpc_kind: str) -> None:
     gate, entered = slow_model_state.GATE, slow_model_state.ENTERED
     eng = Engine(python_repo, models=["slow"])
-    st = ServerThread(eng, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)).start()
+    st = ServerThread(eng, options(grpc_kind)).start()
     c = tgrpc.InferenceServerClient(f"127.0.0.1:{st.ports['grpc']}")
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     stopper = threading.Thread(target=st.stop)
@@ -676,12 +684,12 @@ def doubled(response: Any) -> list[float]:
 
 
 @pytest.fixture
-def slow_server(python_repo: Path) -> Iterator[tuple[ServerThread, Any]]:
+def slow_server(python_repo: Path, grpc_kind: str) -> Iterator[tuple[ServerThread, Any]]:
     """The ``slow`` model (one worker, held on GATE) served over gRPC, and a stub to it."""
     eng = Engine(python_repo, models=["slow"])
     try:
         with (
-            ServerThread(eng, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as st,
+            ServerThread(eng, options(grpc_kind)) as st,
             grpc.insecure_channel(f"127.0.0.1:{st.ports['grpc']}") as channel,
         ):
             yield st, service_pb2_grpc.GRPCInferenceServiceStub(channel)

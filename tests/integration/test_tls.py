@@ -22,6 +22,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 from lumenrt.client import AsyncHttpClient, AsyncTcpClient, HttpClient, InferenceError, TcpClient
+from lumenrt.client.grpc import AsyncGrpcClient, GrpcClient
 from lumenrt.client.tls import client_context
 from lumenrt.engine.engine import Engine
 from lumenrt.engine.server_config import EngineConfig
@@ -134,11 +135,26 @@ def via_tritonclient_grpc(st: ServerThread, ca: Path, pair: Pair | None = None) 
         client.close()
 
 
+def via_grpc(st: ServerThread, ctx: ssl.SSLContext) -> Any:
+    with GrpcClient("127.0.0.1", st.ports["grpc"], ssl=ctx) as client:
+        return client.infer(MODEL, {"input": _x()}).outputs
+
+
+def via_async_grpc(st: ServerThread, ctx: ssl.SSLContext) -> Any:
+    async def run() -> Any:
+        async with AsyncGrpcClient("127.0.0.1", st.ports["grpc"], ssl=ctx) as client:
+            return (await client.infer(MODEL, {"input": _x()})).outputs
+
+    return asyncio.run(run())
+
+
 LUMENRT_CLIENTS: dict[str, Callable[[ServerThread, ssl.SSLContext], Any]] = {
     "http": via_http,
     "tcp": via_tcp,
     "async-tcp": via_async_tcp,
     "async-http": via_async_http,
+    "grpc": via_grpc,
+    "async-grpc": via_async_grpc,
 }
 
 

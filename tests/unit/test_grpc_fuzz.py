@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lumenrt.engine.engine import Engine, EngineConfig
-from lumenrt.ingress.grpc_server import GrpcServicer, _decode_inputs
+from lumenrt.ingress.grpc_service import GrpcServicer, _decode_inputs
 from lumenrt.ingress.service import InferenceService, ServeLimits
 from lumenrt.models.builtin import builtin_examples
 from lumenrt.protocols.errors import ServerError

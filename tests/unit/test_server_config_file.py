@@ -42,6 +42,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "host": ("0.0.0.0", "0.0.0.0"),
     "http_port": (9000, 9000),
     "grpc_port": ("off", None),
+    "grpc_server": ("grpcio", "grpcio"),
     "tcp_port": (0, 0),
     "repository": ("models", "RELATIVE:models"),
     "models": (["digits_mlp"], ["digits_mlp"]),

@@ -290,7 +290,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         required=True,
-        help="tcp://H:P, http://H:P (V2 binary), http-json://H:P, http-raw://H:P/PATH (raw body), grpc://H:P",
+        help="tcp://H:P, http://H:P (V2 binary), http-json://H:P, http-raw://H:P/PATH (raw body), grpc://H:P (lumenrt's gRPC client), grpcio://H:P (grpcio's)",
     )
     p.add_argument("--model", required=True, help="model name")
     sec = p.add_argument_group("a secured server (README: Securing a deployment)")

@@ -299,7 +299,7 @@ async def _cpu_at(at_ns: int) -> int:
 
 
 def _event_loop(plan: LoadPlan) -> asyncio.AbstractEventLoop:
-    if plan.target.startswith("grpc:"):
+    if plan.target.startswith("grpcio:"):
         return asyncio.new_event_loop()  # grpc.aio keeps to the standard loop
     import uvloop
 

@@ -7,12 +7,15 @@ A target URL names the protocol:
                                 encoded once and re-sent, as perf_analyzer does)
     http-json://HOST:PORT       KServe V2 HTTP with JSON tensors
     http-raw://HOST:PORT/PATH   POST the single input's raw bytes to PATH; any 200 is an answer
-    grpc://HOST:PORT            KServe V2 gRPC (request serialized once)
+    grpc://HOST:PORT            KServe V2 gRPC (lumenrt.client.grpc.AsyncGrpcClient; request
+                                serialized once)
+    grpcio://HOST:PORT          the same through grpcio's own client (grpc.aio), which costs the
+                                load generator several times the CPU a call
 
 ``Credentials`` add an API key (TCP AUTH frame, HTTP ``Authorization: Bearer``, gRPC metadata) and
 TLS (every target; the server's certificate checked against ``tls_ca``).
 
-``open(n)`` makes ``n`` connections (gRPC: one channel, HTTP/2 multiplexes); ``infer(i)`` sends the
+``open(n)`` makes ``n`` connections (gRPC: one connection or channel, HTTP/2 multiplexes); ``infer(i)`` sends the
 prepared request on connection ``i % n`` and returns the server's stage times (ns; empty when it
 sent none). A failed request raises; :func:`error_kind` names the failure for the error counts.
 """
@@ -31,10 +34,11 @@ import numpy as np
 import numpy.typing as npt
 
 from lumenrt.client.errors import InferenceError
+from lumenrt.client.grpc import AsyncGrpcClient, GrpcError
 from lumenrt.client.http import AsyncHttpClient, decode_infer, encode_infer
 from lumenrt.client.tcp import AsyncTcpClient
 
-PROTOCOLS = ("tcp", "http", "http-json", "http-raw", "grpc")
+PROTOCOLS = ("tcp", "http", "http-json", "http-raw", "grpc", "grpcio")
 _METADATA_TIMEOUT_S = 10.0  # guessed: ample for one loopback GET
 _GRPC_SERVICE = "/inference.GRPCInferenceService/"  # Triton's wire name (lumenrt.ingress.grpc_server)
 _TIMING_PREFIX = "lumenrt_"
@@ -99,6 +103,8 @@ def parse_target(url: str) -> TargetUrl:
 def error_kind(exc: BaseException) -> str:
     """A short name for a failure: the HTTP-style status, ``timeout``, ``connection``, a gRPC code,
     else ``client:<type>`` (a failure of the load generator itself)."""
+    if isinstance(exc, GrpcError):
+        return exc.code_name
     if isinstance(exc, InferenceError):
         return str(exc.status)
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
@@ -239,7 +245,59 @@ class RawHttpTarget(_HttpConnections):
 
 
 class GrpcTarget:
+    """KServe V2 gRPC through lumenrt's own client: one HTTP/2 connection, the calls its streams."""
+
     protocol = "grpc"
+
+    def __init__(
+        self,
+        url: TargetUrl,
+        model: str,
+        version: str | None,
+        inputs: Mapping[str, Any],
+        stages: bool,
+        timeout_s: float | None,
+        credentials: Credentials = NO_CREDENTIALS,
+    ) -> None:
+        from lumenrt.client.grpc import encode_infer
+
+        self.url = url
+        self.credentials = credentials
+        self.timeout_s = timeout_s
+        from lumenrt.protocols.proto import grpc_service_pb2 as pb  # generated at build time
+
+        self.request_bytes = encode_infer(model, inputs, None, version, None, stages)
+        self._response = pb.ModelInferResponse
+        self._client: AsyncGrpcClient | None = None
+
+    async def open(self, connections: int) -> None:
+        creds = self.credentials
+        self._client = AsyncGrpcClient(
+            self.url.host, self.url.port, api_key=creds.api_key, ssl=creds.ssl_context()
+        )
+        try:
+            await self._client.connect()
+        except ConnectionRefusedError:
+            raise  # nothing listens there: said once, as for the other targets
+        except OSError:
+            pass  # refused in the handshake (a TLS client certificate, say): each call says so
+
+    async def infer(self, index: int) -> dict[str, int]:
+        assert self._client is not None
+        message = await self._client.call("ModelInfer", self.request_bytes, self.timeout_s)
+        response = self._response.FromString(message)  # parsed, as grpcio's client does
+        return _timing({k: v.int64_param for k, v in response.parameters.items()})
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+class GrpcioTarget:
+    """KServe V2 gRPC through grpcio's client (grpc.aio): one channel."""
+
+    protocol = "grpcio"
 
     def __init__(
         self,
@@ -329,6 +387,8 @@ def make_target(
         return HttpTarget(url, model, version, inputs, stages, timeout_s, url.protocol == "http", c)
     if url.protocol == "http-raw":
         return RawHttpTarget(url, inputs, c)
+    if url.protocol == "grpcio":
+        return GrpcioTarget(url, model, version, inputs, stages, timeout_s, c)
     return GrpcTarget(url, model, version, inputs, stages, timeout_s, c)
 
 

@@ -28,7 +28,7 @@ from lumenrt.engine.engine import Engine
 from lumenrt.ingress.auth import Gate
 from lumenrt.ingress.loop_spin import LoopSpinner
 from lumenrt.ingress.rate_limit import RateLimiter, RateLimits
-from lumenrt.ingress.service import InferenceService, ServeLimits
+from lumenrt.ingress.service import GRPC_SERVERS, InferenceService, ServeLimits
 from lumenrt.ingress.shared_memory import SWEEP_INTERVAL_S, SharedMemoryRegistry
 from lumenrt.ingress.tls import ServerTls, TlsFiles
 
@@ -62,6 +62,12 @@ class ServeOptions:
     # Triton's system shared-memory extension (ingress/shared_memory.py): off unless asked for
     allow_client_shm: bool = False
     max_shm_regions_per_client: int = 64
+    # who serves gRPC: "h2", lumenrt's own HTTP/2 server (ingress/grpc_h2.py), or "grpcio" (grpc.aio)
+    grpc_server: str = "h2"
+
+    def __post_init__(self) -> None:
+        if self.grpc_server not in GRPC_SERVERS:
+            raise ValueError(f"grpc_server: {self.grpc_server!r} is not one of {', '.join(GRPC_SERVERS)}")
 
 
 class ServerApp:
@@ -106,11 +112,16 @@ class ServerApp:
 
                 ssl = self.tls.context if self.tls is not None else None
                 self.front_ends["http"] = await start_http(self.service, opts.host, opts.http_port, ssl)
-            if opts.grpc_port is not None:
+            if opts.grpc_port is not None and opts.grpc_server == "grpcio":
                 from lumenrt.ingress.grpc_server import start_grpc
 
                 creds = self.tls.grpc_credentials() if self.tls is not None else None
                 self.front_ends["grpc"] = await start_grpc(self.service, opts.host, opts.grpc_port, creds)
+            elif opts.grpc_port is not None:
+                from lumenrt.ingress.grpc_h2 import start_grpc_h2
+
+                ssl = self.tls.h2_context if self.tls is not None else None
+                self.front_ends["grpc"] = await start_grpc_h2(self.service, opts.host, opts.grpc_port, ssl)
             if opts.tcp_port is not None:
                 from lumenrt.ingress.tcp_server import start_tcp
 

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lumenrt.ingress.service import ServeLimits
+from lumenrt.ingress.service import GRPC_SERVERS, ServeLimits
 from lumenrt.observability.logging import say
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar="PORT",
             help=f"{name.upper()} port (default {port}; 0 = any free port; 'off' = no {name.upper()} server)",
         )
+    where.add_argument(
+        "--grpc-server",
+        choices=GRPC_SERVERS,
+        default="h2",
+        help="who serves gRPC: h2 = lumenrt's own HTTP/2 server (default; ModelInfer on the request "
+        "path HTTP takes), grpcio = grpc.aio (the grpc library's server)",
+    )
     what = p.add_argument_group("what to serve")
     what.add_argument(
         "--repository",
@@ -612,6 +619,7 @@ async def _serve(
                 metrics_port=args.metrics_port,
                 allow_client_shm=args.allow_client_shm,
                 max_shm_regions_per_client=args.max_shm_regions_per_client,
+                grpc_server=args.grpc_server,
                 **(security or {}),
             ),
         )

@@ -55,6 +55,11 @@ PLATFORMS = {
 }
 
 
+# who serves gRPC (``ServeOptions.grpc_server``, ``--grpc-server``): lumenrt's own HTTP/2 server
+# (ingress/grpc_h2.py), or grpc.aio (ingress/grpc_server.py)
+GRPC_SERVERS = ("h2", "grpcio")
+
+
 @dataclass(frozen=True, slots=True)
 class ServeLimits:
     """Limits that protect the server from a client; every one is checked before allocating."""

@@ -4,14 +4,16 @@
     lumenrt serve --tls-cert server.crt --tls-key server.key [--tls-client-ca ca.crt]
 
 HTTP and the TCP protocol run on asyncio's TLS transport (uvloop's) with ``ServerTls.context``;
-gRPC on grpc's own TLS with ``ServerTls.grpc_credentials()``. Defaults: TLS 1.2 at least,
+gRPC on the same transport with ``ServerTls.h2_context``, which offers ALPN ``h2`` as gRPC clients
+require (a context of its own, so that HTTP/1.1 clients are never offered HTTP/2), or, with
+``--grpc-server grpcio``, on grpc's own TLS with ``ServerTls.grpc_credentials()``. Defaults: TLS 1.2 at least,
 Python's server defaults for ciphers (no compression, no renegotiation), a client certificate
 required and verified against the CA when one is given.
 
 Invariants
-  1. The listening sockets keep one context, ``context``, for ever; its SNI callback (which
-     OpenSSL calls for every ClientHello, with or without a server name) hands each handshake
-     the newest context, ``current``. A reload builds a new context from the files and swaps
+  1. The listening sockets keep one context, ``context`` (gRPC's: ``h2_context``), for ever; its
+     SNI callback (which OpenSSL calls for every ClientHello, with or without a server name) hands
+     each handshake the newest context, ``current`` (``h2_current``). A reload builds a new context from the files and swaps
      ``current`` (one attribute store, atomic under the GIL): new handshakes get the new
      certificate, established connections keep theirs.
   2. gRPC asks its fetcher for a configuration at each handshake; the fetcher answers the
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 MIN_VERSION = ssl.TLSVersion.TLSv1_2
+H2_ALPN = ("h2",)  # what gRPC clients ask for (RFC 9113 3.2)
 
 
 class TlsError(ValueError):
@@ -52,8 +55,8 @@ def _read(flag: str, path: Path) -> bytes:
         raise TlsError(f"{flag} {path}: cannot read: {exc.strerror or exc}") from None
 
 
-def server_context(files: TlsFiles) -> ssl.SSLContext:
-    """A server context from ``files``; TlsError names what is wrong."""
+def server_context(files: TlsFiles, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
+    """A server context from ``files``, offering ``alpn``; TlsError names what is wrong."""
     for flag, path in files.paths():
         _read(flag, path)  # a missing or unreadable file is named as such
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -72,6 +75,8 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
         except (ssl.SSLError, OSError) as exc:
             raise TlsError(f"--tls-client-ca {files.client_ca}: not PEM CA certificates ({exc})") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
+    if alpn:
+        ctx.set_alpn_protocols(list(alpn))
     return ctx
 
 
@@ -84,11 +89,19 @@ class ServerTls:
         self.current = server_context(files)
         self.context = server_context(files)  # what the listeners hold (invariant 1)
         self.context.sni_callback = self._pick
+        self.h2_current = server_context(files, H2_ALPN)
+        self.h2_context = server_context(files, H2_ALPN)
+        self.h2_context.sni_callback = self._pick_h2
         self._grpc_pending: Any = None  # a reloaded configuration grpc has not fetched yet
         self.reloads = 0
 
     def _pick(self, conn: Any, server_name: str | None, ctx: ssl.SSLContext) -> None:
         current = self.current
+        if current is not ctx:
+            conn.context = current
+
+    def _pick_h2(self, conn: Any, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        current = self.h2_current
         if current is not ctx:
             conn.context = current
 
@@ -111,11 +124,13 @@ class ServerTls:
         stamp = self._stamps()
         try:
             fresh = server_context(self.files)
+            fresh_h2 = server_context(self.files, H2_ALPN)
             pending = self._grpc_config()
         except TlsError:
             self._stamp = stamp  # not retried by the watch until the files change again
             raise
         self.current = fresh
+        self.h2_current = fresh_h2
         self._grpc_pending = pending
         self._stamp = stamp
         self.reloads += 1

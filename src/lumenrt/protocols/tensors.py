@@ -30,7 +30,8 @@ def check_datatype(datatype: Any, where: str) -> str:
 
 
 def check_shape(shape: Any, where: str, max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[int, ...]:
-    """A shape as a tuple of non-negative ints whose product is at most ``max_elements``."""
+    """A shape as a tuple of non-negative ints whose product is at most ``max_elements``, and none
+    of them larger (an empty tensor of dims like 2**40 holds nothing but cannot be made)."""
     if not isinstance(shape, (list, tuple)):
         raise bad_request(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
     dims: list[int] = []
@@ -39,9 +40,12 @@ def check_shape(shape: Any, where: str, max_elements: int = DEFAULT_MAX_ELEMENTS
             raise bad_request(f"{where}: shape must be a list of non-negative integers, got {list(shape)!r}")
         dims.append(d)
     count = math.prod(dims)
-    if count > max_elements:
+    if count > max_elements or (dims and max(dims) > max_elements):
         raise ServerError(
-            400, f"{where}: shape {dims} has {count} elements, over the limit of {max_elements} per tensor"
+            400,
+            f"{where}: shape {dims} has {count} elements"
+            + (f" and a dimension of {max(dims)}" if count <= max_elements else "")
+            + f", over the limit of {max_elements} per tensor",
         )
     return tuple(dims)
 

@@ -1,0 +1,375 @@
+"""lumenrt's own gRPC server (ingress/grpc_h2.py) on real sockets, where HTTP/2 itself is the subject:
+lumenrt's gRPC clients against both servers, grpcio's compressed calls, many calls on one
+connection, and hand-made HTTP/2 (the ``h2`` package's client) for the limits, timeouts and
+refusals a client library would never send."""
+
+import asyncio
+import gzip
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from lumenrt.client.grpc import AsyncGrpcClient, GrpcClient, GrpcError, encode_infer
+from lumenrt.engine.engine import Engine
+from lumenrt.ingress.app import ServeOptions, ServerThread
+from lumenrt.ingress.service import ServeLimits
+from lumenrt.protocols import grpc_wire as wire
+from lumenrt.protocols.hpack import encode_block
+from lumenrt.protocols.http2 import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    PREFACE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    frame_header,
+    settings_frame,
+)
+from lumenrt.protocols.proto import grpc_service_pb2 as pb
+
+MODEL = "digits_mlp"
+INFER = b"/inference.GRPCInferenceService/ModelInfer"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    eng = Engine(models=[MODEL])
+    yield eng
+    eng.close()
+
+
+def serve(engine: Engine, kind: str = "h2", **limits: Any) -> ServerThread:
+    options = ServeOptions(
+        http_port=None, grpc_port=0, tcp_port=None, grpc_server=kind, limits=ServeLimits(**limits)
+    )
+    return ServerThread(engine, options)
+
+
+@pytest.fixture(scope="module", params=["h2", "grpcio"])
+def server(engine: Engine, request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    with serve(engine, request.param) as st:
+        yield st
+
+
+@pytest.fixture(scope="module")
+def h2_server(engine: Engine) -> Iterator[ServerThread]:
+    with serve(engine) as st:
+        yield st
+
+
+def rows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((n, 64), dtype=np.float32)
+
+
+# ---- lumenrt's clients, against both servers -------------------------------------------------------
+
+
+def test_the_blocking_client_infers_and_names_errors(server: ServerThread, engine: Engine) -> None:
+    x = rows(3)
+    with GrpcClient("127.0.0.1", server.ports["grpc"]) as client:
+        result = client.infer(MODEL, {"input": x}, timing=True)
+        expected = engine.infer(MODEL, {"input": x}).outputs
+        np.testing.assert_allclose(result.outputs["probabilities"], expected["probabilities"], rtol=1e-6)
+        assert result.outputs["label"].tolist() == expected["label"].tolist()
+        assert result.timing["batch_size"] >= 1
+        with pytest.raises(GrpcError) as info:
+            client.infer("no_such_model", {"input": x})
+        assert (info.value.code, info.value.status) == (wire.NOT_FOUND, 404)
+        assert "no_such_model" in info.value.message
+        with pytest.raises(GrpcError) as info:
+            client.infer(MODEL, {"input": rows(1)[:, :10]})
+        assert info.value.code == wire.INVALID_ARGUMENT and "shape" in info.value.message
+        assert client.infer(MODEL, {"input": x}, outputs=["label"]).outputs.keys() == {"label"}
+
+
+def test_many_calls_at_once_on_one_connection_each_get_their_own_answer(
+    server: ServerThread, engine: Engine
+) -> None:
+    inputs = [rows(1, seed) for seed in range(300)]
+    expected = [int(engine.infer(MODEL, {"input": x}).outputs["label"][0]) for x in inputs]
+
+    async def run() -> list[int]:
+        async with AsyncGrpcClient("127.0.0.1", server.ports["grpc"]) as client:
+            results = await asyncio.gather(*(client.infer(MODEL, {"input": x}) for x in inputs))
+        return [int(r.outputs["label"][0]) for r in results]
+
+    assert asyncio.run(run()) == expected
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+def test_grpcio_compressed_calls_are_inflated(server: ServerThread, engine: Engine, compression: Any) -> None:
+    x = rows(2)
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['grpc']}", compression=compression) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.ModelInferRequest(model_name=MODEL)
+        request.inputs.add(name="input", datatype="FP32", shape=[2, 64])
+        request.raw_input_contents.append(x.tobytes())
+        response = stub.ModelInfer(request)
+    labels = np.frombuffer(response.raw_output_contents[1], dtype=np.int64)
+    assert labels.tolist() == engine.infer(MODEL, {"input": x}).outputs["label"].tolist()
+
+
+# ---- hand-made HTTP/2 against lumenrt's server ------------------------------------------------------
+
+
+class RawH2:
+    """h2's client over a blocking socket: what it sends is up to the test."""
+
+    def __init__(self, port: int, **settings: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.conn.initiate_connection()
+        if settings:
+            self.conn.update_settings({h2.settings.SettingCodes[k.upper()]: v for k, v in settings.items()})
+        self.flush()
+        self.closed = False
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def request(self, stream_id: int, path: bytes = INFER, content_type: bytes = b"application/grpc") -> None:
+        headers = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path),
+            (b":authority", b"127.0.0.1"),
+            (b"content-type", content_type),
+            (b"te", b"trailers"),
+        ]
+        self.conn.send_headers(stream_id, headers)
+        self.flush()
+
+    def events(self, done: Callable[[list[Any]], bool], timeout_s: float = 5.0) -> list[Any]:
+        got: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while not done(got):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not done after {timeout_s}s: {got}")
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            if not data:
+                self.closed = True
+                break
+            for event in self.conn.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                got.append(event)
+            self.flush()
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def ended(stream_id: int) -> Callable[[list[Any]], bool]:
+    return lambda events: any(
+        isinstance(e, h2.events.StreamEnded | h2.events.StreamReset) and e.stream_id == stream_id
+        for e in events
+    )
+
+
+def status_of(events: list[Any], stream_id: int) -> tuple[int, str]:
+    """The grpc-status and grpc-message a stream ended with."""
+    for e in events:
+        if (
+            isinstance(e, h2.events.ResponseReceived | h2.events.TrailersReceived)
+            and e.stream_id == stream_id
+        ):
+            fields = dict(e.headers)
+            if b"grpc-status" in fields:
+                return int(fields[b"grpc-status"]), wire.decode_message_text(fields.get(b"grpc-message", b""))
+    raise AssertionError(f"stream {stream_id} has no grpc-status in {events}")
+
+
+def infer_message(x: np.ndarray) -> bytes:
+    request = encode_infer(MODEL, {"input": x})
+    return wire.frame_prefix(len(request)) + request
+
+
+@pytest.fixture
+def raw(h2_server: ServerThread) -> Iterator[RawH2]:
+    client = RawH2(h2_server.ports["grpc"])
+    yield client
+    client.close()
+
+
+def test_a_hand_made_call_is_answered_in_one_write(raw: RawH2) -> None:
+    raw.request(1)
+    raw.conn.send_data(1, infer_message(rows(1)), end_stream=True)
+    raw.flush()
+    events = raw.events(ended(1))
+    assert status_of(events, 1) == (wire.OK, "")
+    (data,) = [e.data for e in events if isinstance(e, h2.events.DataReceived)]
+    response = pb.ModelInferResponse.FromString(data[5:])
+    assert [o.name for o in response.outputs] == ["probabilities", "label"]
+
+
+def test_a_message_over_the_limit_is_refused_from_its_prefix_and_the_connection_goes_on(
+    engine: Engine,
+) -> None:
+    with serve(engine, max_body_bytes=1000) as st:
+        client = RawH2(st.ports["grpc"])
+        try:
+            client.request(1)
+            client.conn.send_data(1, wire.frame_prefix(50_000_000))  # the prefix alone: no body sent
+            client.flush()
+            events = client.events(ended(1))
+            code, message = status_of(events, 1)
+            assert code == wire.RESOURCE_EXHAUSTED and "50000000 bytes" in message
+            assert any(isinstance(e, h2.events.StreamReset) and e.error_code == 0 for e in events)
+            client.request(3)
+            client.conn.send_data(3, infer_message(rows(1)), end_stream=True)
+            client.flush()
+            assert status_of(client.events(ended(3)), 3) == (wire.OK, "")
+        finally:
+            client.close()
+
+
+def test_a_gzip_message_that_inflates_past_the_limit_is_refused(engine: Engine) -> None:
+    with serve(engine, max_body_bytes=100_000) as st:
+        client = RawH2(st.ports["grpc"])
+        try:
+            client.conn.send_headers(1, [
+                (b":method", b"POST"), (b":scheme", b"http"), (b":path", INFER),
+                (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"grpc-encoding", b"gzip"),
+            ])  # fmt: skip
+            bomb = gzip.compress(b"\0" * 10_000_000)
+            client.conn.send_data(1, wire.frame_prefix(len(bomb), compressed=True) + bomb, end_stream=True)
+            client.flush()
+            code, message = status_of(client.events(ended(1)), 1)
+            assert code == wire.RESOURCE_EXHAUSTED and "inflates past" in message
+        finally:
+            client.close()
+
+
+def test_unknown_methods_and_non_grpc_requests_are_refused(raw: RawH2) -> None:
+    raw.request(1, path=b"/inference.GRPCInferenceService/ModelStreamInfer")
+    raw.conn.end_stream(1)
+    raw.flush()
+    code, message = status_of(raw.events(ended(1)), 1)
+    assert code == wire.UNIMPLEMENTED and "ModelStreamInfer" in message
+    raw.request(3, content_type=b"application/json")
+    raw.conn.end_stream(3)
+    raw.flush()
+    (head,) = [e for e in raw.events(ended(3)) if isinstance(e, h2.events.ResponseReceived)]
+    assert dict(head.headers)[b":status"] == b"415"
+
+
+def test_a_request_without_a_message_is_a_clear_error(raw: RawH2) -> None:
+    raw.request(1)
+    raw.conn.end_stream(1)
+    raw.flush()
+    code, message = status_of(raw.events(ended(1)), 1)
+    assert code == wire.UNIMPLEMENTED and "without a request message" in message
+
+
+def test_streams_past_the_limit_are_refused(h2_server: ServerThread) -> None:
+    """Frames by hand (h2's client keeps to the server's limit of 100 itself)."""
+    block = encode_block(
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", INFER),
+            (b"content-type", b"application/grpc"),
+        ]
+    )
+    ids = list(range(1, 2 * 102, 2))
+    with socket.create_connection(("127.0.0.1", h2_server.ports["grpc"]), timeout=5) as sock:
+        sock.sendall(PREFACE + settings_frame([]))
+        sock.sendall(b"".join(frame_header(len(block), HEADERS, END_HEADERS, i) + block for i in ids))
+        refused: list[int] = []
+        data = b""
+        while len(refused) < 2:
+            data += sock.recv(65536)
+            while len(data) >= 9:
+                hi, lo, kind, _, stream = struct.unpack_from(">BHBBL", data)
+                length = (hi << 16) | lo
+                if len(data) < 9 + length:
+                    break
+                if kind == RST_STREAM:
+                    assert struct.unpack_from(">L", data, 9)[0] == REFUSED_STREAM
+                    refused.append(stream)
+                data = data[9 + length :]
+        assert refused == ids[100:]
+        message = infer_message(rows(1))  # the open ones still work
+        sock.sendall(frame_header(len(message), DATA, END_STREAM, 1) + message)
+        answer = b""
+        while b"grpc-status" not in answer:  # the trailers' name is sent literally
+            answer += sock.recv(65536)
+
+
+def test_a_call_that_stops_arriving_times_out_and_the_connection_goes_on(engine: Engine) -> None:
+    with serve(engine, receive_timeout_s=0.3) as st:
+        client = RawH2(st.ports["grpc"])
+        try:
+            client.request(1)
+            client.conn.send_data(1, infer_message(rows(1))[:20])  # part of the message, then nothing
+            client.flush()
+            code, message = status_of(client.events(ended(1), timeout_s=5), 1)
+            assert code == wire.DEADLINE_EXCEEDED and "did not arrive whole" in message
+            client.request(3)
+            client.conn.send_data(3, infer_message(rows(1)), end_stream=True)
+            client.flush()
+            assert status_of(client.events(ended(3)), 3) == (wire.OK, "")
+        finally:
+            client.close()
+
+
+def test_an_idle_connection_is_sent_goaway_and_closed(engine: Engine) -> None:
+    with serve(engine, idle_timeout_s=0.3) as st:
+        client = RawH2(st.ports["grpc"])
+        try:
+            events = client.events(lambda _: client.closed, timeout_s=5)
+            goaways = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+            assert goaways and goaways[0].error_code == 0
+        finally:
+            client.close()
+
+
+def test_a_bad_preface_gets_goaway_and_a_closed_connection(h2_server: ServerThread) -> None:
+    with socket.create_connection(("127.0.0.1", h2_server.ports["grpc"]), timeout=5) as sock:
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+    frames, at = [], 0
+    while at + 9 <= len(data):
+        hi, lo, kind, _, _ = struct.unpack_from(">BHBBL", data, at)
+        frames.append(kind)
+        at += 9 + ((hi << 16) | lo)
+    assert frames[-1] == 7  # GOAWAY
+    assert struct.unpack_from(">L", data, at - ((hi << 16) | lo) + 4)[0] == 1  # PROTOCOL_ERROR
+
+
+def test_a_cancelled_call_leaves_nothing_behind(raw: RawH2, h2_server: ServerThread) -> None:
+    raw.request(1)
+    raw.conn.send_data(1, infer_message(rows(1))[:10])
+    raw.conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+    raw.request(3)
+    raw.conn.send_data(3, infer_message(rows(1)), end_stream=True)
+    raw.flush()
+    assert status_of(raw.events(ended(3)), 3) == (wire.OK, "")
+
+    async def state() -> list[tuple[Any, ...]]:  # read on the server's loop
+        conns = h2_server.app.front_ends["grpc"].connections  # type: ignore[attr-defined]
+        return [(c.calls, c._open, c._in_flight) for c in conns]
+
+    assert h2_server.call(state()) == [({}, 0, 0)]
