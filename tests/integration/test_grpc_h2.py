@@ -38,6 +38,7 @@ from lumenrt.protocols.http2 import (
     settings_frame,
 )
 from lumenrt.protocols.proto import grpc_service_pb2 as pb
+from tests.integration import slow_model_state
 
 MODEL = "digits_mlp"
 INFER = b"/inference.GRPCInferenceService/ModelInfer"
@@ -373,3 +374,225 @@ def test_a_cancelled_call_leaves_nothing_behind(raw: RawH2, h2_server: ServerThr
         return [(c.calls, c._open, c._in_flight) for c in conns]
 
     assert h2_server.call(state()) == [({}, 0, 0)]
+
+
+def test_a_repeated_signature_is_checked_as_the_first_one_was(
+    h2_server: ServerThread, engine: Engine
+) -> None:
+    """The second request of a signature takes its plan (grpc_service.prepare_infer_bytes): the same
+    answers, and the same refusals for what changes between requests (the raw contents, the id)."""
+    x = rows(2, seed=3)
+    request = encode_infer(MODEL, {"input": x})
+    with GrpcClient("127.0.0.1", h2_server.ports["grpc"]) as client:
+        first, second = (pb.ModelInferResponse.FromString(client.call("ModelInfer", request)) for _ in "12")
+        assert first == second
+        expected = engine.infer(MODEL, {"input": x}).outputs["label"].tolist()
+        assert np.frombuffer(second.raw_output_contents[1], np.int64).tolist() == expected
+        short = pb.ModelInferRequest.FromString(request)
+        short.raw_input_contents[0] = short.raw_input_contents[0][:-4]
+        with pytest.raises(GrpcError) as info:
+            client.call("ModelInfer", short.SerializeToString())
+        assert info.value.code == wire.INVALID_ARGUMENT and "bytes" in info.value.message
+        named = pb.ModelInferRequest.FromString(request)
+        named.id = "req-7"
+        assert (
+            pb.ModelInferResponse.FromString(client.call("ModelInfer", named.SerializeToString())).id
+            == "req-7"
+        )
+        with pytest.raises(GrpcError) as info:
+            client.call("ModelInfer", b"\x0a\xff")  # not a message
+        assert info.value.code == wire.INVALID_ARGUMENT and "does not parse" in info.value.message
+
+
+# ---- the books: counters, resets, budgets ----------------------------------------------------------
+
+SLOW_MODEL = """
+from tests.integration.slow_model_state import ENTERED, GATE
+
+
+class Slow:
+    def load(self):
+        pass
+
+    def infer(self, inputs):
+        ENTERED.set()
+        GATE.wait(30)
+        return {"y": inputs["x"] * 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """The ``slow`` model (one worker, held on GATE), served over lumenrt's gRPC server."""
+    root = tmp_path_factory.mktemp("slow_repo")
+    (root / "slow" / "1").mkdir(parents=True)
+    (root / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    (root / "slow" / "config.yaml").write_text(
+        "backend: python\nmax_batch_size: 0\n"
+        "input:\n  - {name: x, datatype: FP32, dims: [2]}\noutput:\n  - {name: y, datatype: FP32, dims: [2]}\n"
+        "instance_group: {count: 1}\n"
+    )
+    eng = Engine(root, models=["slow"])
+    try:
+        with serve(eng) as st:
+            yield st
+    finally:
+        slow_model_state.GATE.set()
+        eng.close()
+
+
+def slow_message() -> bytes:
+    request = encode_infer("slow", {"x": np.array([1.0, 2.0], dtype=np.float32)})
+    return wire.frame_prefix(len(request)) + request
+
+
+def books(st: ServerThread) -> list[tuple[Any, ...]]:
+    """Each connection's calls, arriving, running, buffered bytes and the session's held streams
+    (read on the server's loop)."""
+
+    async def read() -> list[tuple[Any, ...]]:
+        conns = st.app.front_ends["grpc"].connections  # type: ignore[attr-defined]
+        return [
+            (len(c.calls), c._open, c._in_flight, c._buffered, c.session.extra_streams if c.session else 0)
+            for c in conns
+        ]
+
+    return st.call(read())  # type: ignore[no-any-return]
+
+
+def settle(st: ServerThread, expected: list[tuple[Any, ...]], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while books(st) != expected:
+        assert time.monotonic() < deadline, books(st)
+        time.sleep(0.02)
+
+
+def test_a_call_reset_while_it_runs_is_dropped_and_leaves_the_books_even(slow: ServerThread) -> None:
+    gate, entered = slow_model_state.GATE, slow_model_state.ENTERED
+    client = RawH2(slow.ports["grpc"])
+    try:
+        gate.clear()
+        entered.clear()
+        client.request(1)
+        client.conn.send_data(1, slow_message(), end_stream=True)
+        client.flush()
+        assert entered.wait(10)
+        client.conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+        client.flush()
+        settle(slow, [(1, 0, 1, 0, 1)])  # still running, counted against the stream limit
+        gate.set()
+        settle(slow, [(0, 0, 0, 0, 0)])  # its answer came back and was dropped
+        client.request(3)
+        client.conn.send_data(3, slow_message(), end_stream=True)
+        client.flush()
+        assert status_of(client.events(ended(3)), 3) == (wire.OK, "")
+    finally:
+        gate.set()
+        client.close()
+
+
+def test_resetting_calls_as_fast_as_they_open_starts_no_more_than_the_stream_limit(
+    slow: ServerThread,
+) -> None:
+    gate, entered = slow_model_state.GATE, slow_model_state.ENTERED
+    block = encode_block(
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", INFER),
+            (b"content-type", b"application/grpc"),
+        ]
+    )
+    message = slow_message()
+    ids = list(range(1, 2 * 150, 2))
+    try:
+        gate.clear()
+        entered.clear()
+        with socket.create_connection(("127.0.0.1", slow.ports["grpc"]), timeout=5) as sock:
+            sock.sendall(PREFACE + settings_frame([]))
+            burst = b"".join(
+                frame_header(len(block), HEADERS, END_HEADERS, i) + block
+                + frame_header(len(message), DATA, END_STREAM, i) + message
+                + frame_header(4, RST_STREAM, 0, i) + struct.pack(">L", 8)
+                for i in ids
+            )  # fmt: skip
+            sock.sendall(burst)
+            refused, data = 0, b""
+            while refused < 50:
+                data += sock.recv(65536)
+                while len(data) >= 9:
+                    hi, lo, kind, _, _ = struct.unpack_from(">BHBBL", data)
+                    length = (hi << 16) | lo
+                    if len(data) < 9 + length:
+                        break
+                    if kind == RST_STREAM and struct.unpack_from(">L", data, 9)[0] == REFUSED_STREAM:
+                        refused += 1
+                    data = data[9 + length :]
+            (calls, _, running, _, held), *_ = books(slow)
+            assert running == held == calls == 100  # the other 50 were refused, not started
+            gate.set()
+            settle(slow, [(0, 0, 0, 0, 0)])
+    finally:
+        gate.set()
+
+
+def test_a_request_ended_by_trailers_is_answered_and_counted_once(
+    raw: RawH2, h2_server: ServerThread
+) -> None:
+    raw.request(1)
+    raw.conn.send_data(1, infer_message(rows(1)))
+    raw.conn.send_headers(1, [(b"x-trailer", b"1")], end_stream=True)
+    raw.flush()
+    assert status_of(raw.events(ended(1)), 1) == (wire.OK, "")
+    settle(h2_server, [(0, 0, 0, 0, 0)])
+
+
+def test_the_requests_arriving_on_a_connection_share_one_byte_budget(engine: Engine) -> None:
+    with serve(engine, max_body_bytes=100_000) as st:
+        client = RawH2(st.ports["grpc"])
+        try:
+            client.events(lambda events: any(isinstance(e, h2.events.WindowUpdated) for e in events))
+            for stream_id in (1, 3, 5):  # each claims 60 KB and sends 40 KB of it
+                client.request(stream_id)
+                body = wire.frame_prefix(60_000) + b"\0" * 40_000
+                for at in range(0, len(body), 16384):  # h2 keeps to the frame size
+                    client.conn.send_data(stream_id, body[at : at + 16384])
+                client.flush()
+            code, message = status_of(client.events(ended(5)), 5)
+            assert code == wire.RESOURCE_EXHAUSTED and "more than 100000 bytes" in message
+            assert books(st) == [(2, 2, 0, 80_010, 0)]  # the first two go on
+        finally:
+            client.close()
+        settle(st, [])
+
+
+def test_the_clients_reconnect_after_the_servers_goaway(engine: Engine) -> None:
+    x = rows(1)
+    with serve(engine, idle_timeout_s=0.3) as st:
+        with GrpcClient("127.0.0.1", st.ports["grpc"], idle_check_s=0.5) as client:
+            client.infer(MODEL, {"input": x})
+            time.sleep(1.5)  # the server sends GOAWAY and closes the idle connection
+            assert client.infer(MODEL, {"input": x}).outputs["label"].shape == (1,)
+
+        async def run() -> None:
+            async with AsyncGrpcClient("127.0.0.1", st.ports["grpc"]) as client:
+                await client.infer(MODEL, {"input": x})
+                await asyncio.sleep(1.5)
+                await client.infer(MODEL, {"input": x})
+
+        asyncio.run(run())
+
+
+def test_a_call_cancelled_by_its_caller_does_not_break_the_connection(h2_server: ServerThread) -> None:
+    async def run() -> None:
+        async with AsyncGrpcClient("127.0.0.1", h2_server.ports["grpc"]) as client:
+            for _ in range(20):  # cancel in flight, whatever point the answer has reached
+                task = asyncio.ensure_future(client.infer(MODEL, {"input": rows(1)}))
+                await asyncio.sleep(0)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            result = await client.infer(MODEL, {"input": rows(1)})
+            assert result.outputs["label"].shape == (1,)
+
+    asyncio.run(run())

@@ -62,16 +62,24 @@ def test_a_message_split_anywhere_is_whole_once() -> None:
 
 
 def test_a_whole_message_in_one_frame_takes_the_short_way() -> None:
-    reader = wire.MessageReader(100)
-    assert reader.take_whole(memoryview(_framed(b"xyz")))
-    assert reader.end() == b"xyz"
-    assert not wire.MessageReader(100).take_whole(memoryview(_framed(b"xyz")[:6]))
+    assert wire.whole_message(memoryview(_framed(b"xyz")), 100) == b"xyz"
+    assert wire.whole_message(memoryview(_framed(b"xyz")[:6]), 100) is None  # not whole
+    assert wire.whole_message(memoryview(_framed(b"xyz", compressed=True)), 100) is None
+    assert wire.whole_message(memoryview(_framed(b"x" * 101)), 100) is None  # the reader refuses it
 
 
 def test_an_empty_message_is_a_message() -> None:
     reader = wire.MessageReader(100)
     reader.feed(memoryview(_framed(b"")))
     assert reader.end() == b""
+
+
+def test_a_claimed_length_costs_nothing_until_its_bytes_arrive() -> None:
+    reader = wire.MessageReader(64 << 20)
+    reader.feed(memoryview(wire.frame_prefix((64 << 20) - 1)))  # claims 64 MiB, sends none of it
+    assert reader.held == 0
+    reader.feed(memoryview(b"a" * 1000))
+    assert reader.held == 1000
 
 
 def test_a_message_over_the_limit_is_refused_from_its_prefix() -> None:
@@ -103,6 +111,8 @@ def test_compressed_messages_are_inflated_within_the_limit(coding: bytes, pack: 
         (b"gzip", _framed(b"not gzip", compressed=True), wire.INTERNAL),
         (None, b"\x02\0\0\0\0", wire.INTERNAL),  # a flag that is neither 0 nor 1
         (None, _framed(b"a") + _framed(b"b"), wire.UNIMPLEMENTED),  # two messages on a unary call
+        (b"gzip", _framed(gzip.compress(b"z" * 50)[:-6], compressed=True), wire.INTERNAL),  # cut short
+        (b"deflate", _framed(zlib.compress(b"z" * 50) + b"junk", compressed=True), wire.INTERNAL),
     ],
 )
 def test_broken_messages_name_their_problem(coding: bytes | None, body: bytes, code: int) -> None:

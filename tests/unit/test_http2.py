@@ -441,3 +441,52 @@ def test_settings_defaults_are_sent_at_the_start() -> None:
     assert values[http2.MAX_CONCURRENT_STREAMS] == LocalSettings().max_concurrent_streams
     assert out[1] == (WINDOW_UPDATE, 0, 0, struct.pack(">L", CONNECTION_WINDOW - 65535))
     assert h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS == http2.MAX_CONCURRENT_STREAMS
+
+
+def test_empty_continuations_cannot_flood() -> None:
+    server = started_server()
+    server.receive(frame(HEADERS, 0, 1, BLOCK[:5]))
+    server.receive(b"".join(frame(http2.CONTINUATION, 0, 1) for _ in range(http2.MAX_CONTINUATIONS)))
+    assert goaway_code(server.take()) == http2.ENHANCE_YOUR_CALM
+
+
+def test_a_settings_frame_moves_the_streams_windows_once() -> None:
+    server = started_server()
+    server.receive(frame(HEADERS, http2.END_HEADERS, 1, BLOCK))
+    many = [(http2.INITIAL_WINDOW_SIZE, 1000 + i) for i in range(50)]
+    server.receive(settings_frame(many))
+    assert server.streams[1].send_window == 1049  # the last value, applied once
+    assert server.peer_initial_window == 1049
+
+
+def test_streams_held_after_their_reset_count_against_the_limit() -> None:
+    server = started_server(LocalSettings(max_concurrent_streams=2))
+    server.extra_streams = 2  # two reset calls whose work is still running
+    server.receive(frame(HEADERS, http2.END_HEADERS, 1, BLOCK))
+    (kind, _, stream, payload), *_ = frames(server.take())
+    assert (kind, stream, struct.unpack(">L", payload)[0]) == (RST_STREAM, 1, http2.REFUSED_STREAM)
+    server.extra_streams = 0
+    server.receive(frame(HEADERS, http2.END_HEADERS, 3, BLOCK))
+    assert server.events[-1] == ("headers", 3, REQUEST, False)
+
+
+def test_data_that_waits_keeps_its_order_and_its_end() -> None:
+    server = started_server()
+    server.receive(frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, BLOCK))
+    stream = server.streams[1]
+    stream.send_window = 3
+    server.send(stream, None, b"abcdef", None, end_stream=False)
+    server.send(stream, None, b"gh", encode_block([(b"t", b"1")]))  # queued behind what waits
+    sent = frames(server.take())
+    assert [(k, f, p) for k, f, _, p in sent] == [(DATA, 0, b"abc")]
+    server.receive(frame(WINDOW_UPDATE, 0, 1, struct.pack(">L", 100)))
+    sent = frames(server.take())
+    assert [(k, p) for k, _, _, p in sent if k == DATA] == [(DATA, b"def"), (DATA, b"gh")]
+    assert sent[-1][0] == HEADERS and sent[-1][1] & http2.END_STREAM
+    assert 1 not in server.streams
+
+
+def test_a_bad_priority_frame_on_an_idle_stream_is_a_connection_error() -> None:
+    server = started_server()
+    server.receive(frame(http2.PRIORITY, 0, 7, b"\0\0\0"))
+    assert goaway_code(server.take()) == http2.FRAME_SIZE_ERROR

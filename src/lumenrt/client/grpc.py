@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import socket
 import ssl as ssl_module
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
@@ -36,7 +37,8 @@ SERVICE = "/inference.GRPCInferenceService/"  # Triton's wire name
 RECV_BYTES = 256 << 10  # one read (guessed: a large answer in few reads)
 MAX_STREAMS = 1024  # calls at once on one connection, whatever the server allows (guessed)
 CLOSE_WAIT_S = 5.0  # close: how long to wait for TLS to finish (guessed)
-MAX_MESSAGE_BYTES = 1 << 30  # an answer's message is refused past this (the server's limit is its own)
+IDLE_CHECK_S = 1.0  # a call after this long idle first reads what the server sent (as TcpClient's)
+MAX_MESSAGE_BYTES = 256 << 20  # an answer's message is refused past this (the server's limit is its own)
 # gRPC code -> the HTTP-style status InferenceError carries (the inverse of the server's mapping)
 HTTP_STATUS = {
     wire.CANCELLED: 499,
@@ -134,8 +136,8 @@ class _Answer:
 
     __slots__ = ("done", "error", "message", "reader", "started")
 
-    def __init__(self, done: Callable[["_Answer"], None]) -> None:
-        self.reader = wire.MessageReader(MAX_MESSAGE_BYTES)
+    def __init__(self, done: Callable[["_Answer"], None], max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.reader = wire.MessageReader(max_bytes)
         self.started = False  # the response head arrived
         self.message: bytes | None = None
         self.error: BaseException | None = None
@@ -187,8 +189,12 @@ class _ClientSession(H2Session):
         if answer is None:
             return
         try:
-            if not answer.reader.take_whole(data):
-                answer.reader.feed(data)
+            reader = answer.reader
+            message = None if reader.started or reader.coding else wire.whole_message(data, reader.max_bytes)
+            if message is not None:
+                reader.message = message
+            else:
+                reader.feed(data)
         except wire.GrpcWireError as exc:
             self._finish(stream, GrpcError(exc.code, f"the server's answer: {exc}"))
             self.reset(stream, 0x8)  # CANCEL
@@ -207,13 +213,21 @@ class _ClientSession(H2Session):
             )
 
     def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
+        """The calls the server did not take fail now (a caller may retry them on a new
+        connection); the ones it took still finish. No new call goes on this connection."""
         why = ConnectionError(f"the server sent GOAWAY ({code}): {debug.decode('utf-8', 'replace')}")
         for stream_id, stream in list(self.streams.items()):
             if stream_id > last_stream_id:
                 self.streams.pop(stream_id, None)
+                self.forget(stream)
                 self._finish(stream, why)
         if code != 0:
             self.lost = why
+
+    @property
+    def usable(self) -> bool:
+        """New calls may go on this connection: not lost, no GOAWAY from the server."""
+        return self.lost is None and self.goaway_received < 0 and not self.closed
 
     def on_error(self, code: int, message: str) -> None:
         self.drop(ConnectionError(f"HTTP/2 error {code}: {message}"))
@@ -224,6 +238,7 @@ class _ClientSession(H2Session):
             self.lost = why
         streams, self.streams = self.streams, {}
         for stream in streams.values():
+            self.forget(stream)
             self._finish(stream, why)
 
     def _finish(self, stream: H2Stream, error: BaseException | None) -> None:
@@ -305,23 +320,53 @@ class GrpcClient:
         *,
         connect_timeout_s: float = 10.0,
         network_timeout_s: float | None = None,
+        idle_check_s: float = IDLE_CHECK_S,
         api_key: str | None = None,
         ssl: "ssl_module.SSLContext | None" = None,
     ) -> None:
         """``network_timeout_s``: how long a send or receive may block (None: no limit). A call's own
-        deadline is ``timeout_s`` (sent as grpc-timeout). ``api_key``: sent as ``authorization:
-        Bearer``; ``ssl``: TLS with this context (ALPN h2 is set on it)."""
+        deadline is ``timeout_s`` (sent as grpc-timeout). ``idle_check_s``: a call after this long
+        without traffic first reads what the server sent meanwhile (its GOAWAY when it closes an
+        idle connection), so that it goes on a new connection. ``api_key``: sent as
+        ``authorization: Bearer``; ``ssl``: TLS with this context (ALPN h2 is set on it)."""
         self.host = host
         self.port = port
         self.connect_timeout_s = connect_timeout_s
         self.network_timeout_s = network_timeout_s
+        self.idle_check_s = idle_check_s
+        self._last_io = 0.0
         self._ssl = _tls_context(ssl) if ssl is not None else None
         self._head = _Head(host, port, ssl is not None, api_key)
         self._sock: socket.socket | None = None
         self._session: _ClientSession | None = None
 
+    def _read_idle(self) -> None:
+        """What an idle connection received meanwhile, without waiting (a GOAWAY, a PING, the
+        end): a connection the server is done with is replaced before the next call."""
+        sock, session = self._sock, self._session
+        if sock is None or session is None:
+            return
+        timeout = sock.gettimeout()
+        sock.setblocking(False)
+        try:
+            while True:
+                data = sock.recv(RECV_BYTES)
+                if not data:
+                    session.drop(ConnectionError("closed by the server while idle"))
+                    break
+                session.receive(data)
+        except (BlockingIOError, ssl_module.SSLWantReadError, ssl_module.SSLWantWriteError):
+            pass
+        except OSError as exc:
+            session.drop(ConnectionError(f"{self.host}:{self.port}: {exc}"))
+        finally:
+            if not session.lost:
+                sock.settimeout(timeout)
+        if not session.usable:
+            self.close()
+
     def connect(self) -> None:
-        if self._sock is not None and self._session is not None and self._session.lost is None:
+        if self._sock is not None and self._session is not None and self._session.usable:
             return
         self.close()
         sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
@@ -336,6 +381,7 @@ class GrpcClient:
         self._sock = sock
         self._session = _ClientSession(sock.sendall)
         self._session.initiate()
+        self._last_io = time.monotonic()
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
@@ -354,6 +400,8 @@ class GrpcClient:
     def call(self, method: str, request: bytes, timeout_s: float | None = None) -> bytes:
         """One unary call (``method``: ``ModelInfer`` or a whole ``/pkg.Service/Method`` path) with a
         serialized request; the serialized answer, or GrpcError."""
+        if self._sock is not None and time.monotonic() - self._last_io >= self.idle_check_s:
+            self._read_idle()  # the server may have sent GOAWAY (its idle timeout) or closed
         self.connect()
         session, sock = self._session, self._sock
         assert session is not None and sock is not None
@@ -371,10 +419,11 @@ class GrpcClient:
                 session.receive(data)
         except OSError as exc:
             session.drop(ConnectionError(f"{self.host}:{self.port}: {exc}"))
+        self._last_io = time.monotonic()
         if not result:  # pragma: no cover - drop() finishes every stream
             raise ConnectionError(f"{self.host}:{self.port}: the call was not answered")
         answer = result[0]
-        if session.lost is not None:
+        if not session.usable:
             self.close()
         if answer.error is not None:
             raise answer.error
@@ -423,7 +472,8 @@ class _Protocol(asyncio.Protocol):
         if session is not None:
             session.receive(data)
             if session.settings_seen and not self.ready.is_set():
-                self.slots = asyncio.Semaphore(min(session.peer_max_concurrent, MAX_STREAMS))
+                # a server that allows 0 refuses each call (REFUSED_STREAM) rather than hang it here
+                self.slots = asyncio.Semaphore(max(1, min(session.peer_max_concurrent, MAX_STREAMS)))
                 self.ready.set()
             if session.lost is not None and self.transport is not None:
                 self.transport.close()
@@ -440,6 +490,16 @@ class _Protocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.can_write.set()
+
+
+def _resolver(future: "asyncio.Future[_Answer]") -> Callable[[_Answer], None]:
+    """Sets the call's future, unless its task was cancelled first (then the answer is dropped)."""
+
+    def resolve(answer: _Answer) -> None:
+        if not future.done():
+            future.set_result(answer)
+
+    return resolve
 
 
 class AsyncGrpcClient:
@@ -464,7 +524,7 @@ class AsyncGrpcClient:
 
     def _usable(self) -> bool:
         p = self._protocol
-        return p is not None and p.session is not None and p.session.lost is None and not p.closed.is_set()
+        return p is not None and p.session is not None and p.session.usable and not p.closed.is_set()
 
     async def connect(self) -> None:
         if self._usable():
@@ -535,11 +595,11 @@ class AsyncGrpcClient:
     ) -> bytes:
         if not protocol.can_write.is_set():
             await protocol.can_write.wait()
-        if session.lost is not None:
-            raise ConnectionError(f"connection to {self.host}:{self.port} lost: {session.lost}")
+        if not session.usable:
+            raise ConnectionError(f"connection to {self.host}:{self.port} lost: {session.lost or 'GOAWAY'}")
         future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         stream = session.open_stream()
-        stream.call = _Answer(future.set_result)
+        stream.call = _Answer(_resolver(future))
         head = self._head.block(session, method, timeout_s)
         session.send(stream, head, wire.frame_prefix(len(request)) + request)
         try:

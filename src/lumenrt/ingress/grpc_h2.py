@@ -16,20 +16,25 @@ coded (``grpc-encoding``; inflated within the message limit); answers are identi
 
 Invariants (flow control, timeouts and the sweeper are ``connection.py``'s; HTTP/2's own rules are
 ``protocols/http2.py``'s)
-  1. Every call whose request arrived whole gets exactly one answer, on its stream: the rpc's
+  1. A call is ARRIVING (its request not whole), then RUNNING, then DONE, and ``_end`` moves it
+     to DONE once, keeping ``_open``, ``_in_flight`` and ``calls`` in step, whatever ends it.
+     Every call whose request arrived whole gets exactly one answer, on its stream: the rpc's
      message and ``grpc-status 0``, or a status that names the problem (a ServerError's status
      through ``errors.GRPC_CODES``; a call that breaks gRPC's rules gets grpc_wire's code). A
      call answered before its request ended (a message over the limit) is then reset with
      NO_ERROR, so the client stops sending. A call the client resets is dropped: a request not
      yet run is cancelled in the engine, a running one finishes and its answer is discarded.
   2. A message is never buffered beyond ``limits.max_body_bytes``: its length prefix is checked
-     before its buffer is made (``grpc_wire.MessageReader``), and a compressed one is inflated
-     with the same bound.
+     first, then its buffer grows with the bytes that arrive (``grpc_wire.MessageReader``), and a
+     compressed one is inflated with the same bound. The calls arriving on one connection hold at
+     most ``limits.max_body_bytes`` together; past that, the call that would pass it is answered
+     RESOURCE_EXHAUSTED.
   3. At most ``MAX_STREAMS`` calls are open on a connection (SETTINGS_MAX_CONCURRENT_STREAMS; more
-     are refused with REFUSED_STREAM, which clients retry). What a connection holds is bounded by
-     that times the message limit.
+     are refused with REFUSED_STREAM, which clients retry). A call the client reset while it runs
+     counts until its answer comes back and is dropped, so that resetting streams as fast as
+     they open cannot start more work than that.
   4. A call whose request has not arrived whole ``limits.receive_timeout_s`` after the sweep that
-     saw it begin is answered DEADLINE_EXCEEDED and reset; the connection goes on.
+     first saw it arriving is answered DEADLINE_EXCEEDED and reset; the connection goes on.
   5. Everything runs on the loop's thread, as the service's counters need.
   6. What handling one read writes (the answers of the calls it completed and ran inline, window
      updates, a PING's ACK) is held and written once at its end: a client with several calls in
@@ -59,9 +64,9 @@ from lumenrt.ingress.grpc_service import (
     SERVICE_NAME,
     GrpcServicer,
     PreparedInfer,
-    infer_response,
+    infer_response_bytes,
     pb,
-    prepare_infer,
+    prepare_infer_bytes,
     rpc_methods,
     snake,
 )
@@ -73,6 +78,7 @@ from lumenrt.protocols.http2 import NO_ERROR, H2Session, H2Stream, LocalSettings
 logger = logging.getLogger(__name__)
 
 MAX_STREAMS = 100  # calls open at once on one connection (invariant 3; grpc's default too)
+HEADS_KEPT = 64  # parsed request heads kept per connection (as hpack's CACHE_BLOCKS)
 _INFER_PATH = f"/{SERVICE_NAME}/ModelInfer"
 
 
@@ -88,21 +94,29 @@ class _Rpc:
         self.group = GROUPS[name]
 
 
+ARRIVING, RUNNING, DONE = 0, 1, 2  # a call's state (invariant 1)
+
+
 class _Call:
     """One call on one stream, from its request headers to its answer; for ModelInfer also the
     service's ``PendingAnswer`` (the engine calls ``answer`` or ``fail`` back on the loop)."""
 
     __slots__ = (
+        "buffered",
         "conn",
         "engine_request",
         "head",
+        "message",
         "outputs",
         "prepared",
         "priority",
         "reader",
         "received_ns",
+        "reset",
         "rpc",
         "runtime",
+        "seen_s",
+        "state",
         "stream",
         "task",
         "timing",
@@ -114,7 +128,12 @@ class _Call:
         self.stream = stream
         self.head = head
         self.rpc = rpc
-        self.reader = wire.MessageReader(conn.limits.max_body_bytes, head.coding)
+        self.message: bytes | None = None  # the request, when its first DATA held it whole
+        self.reader: wire.MessageReader | None = None  # else what takes it frame by frame
+        self.state = ARRIVING
+        self.buffered = 0  # bytes of its request held while it arrives (the connection's budget)
+        self.seen_s = 0.0  # the sweep that first saw it arriving (its receive timeout; invariant 4)
+        self.reset = False  # the client reset it while it ran: counted in the session's extra_streams
         self.received_ns = 0
         self.engine_request: Any = None  # set by the service's submit
         self.task: asyncio.Task[None] | None = None
@@ -225,8 +244,10 @@ async def start_grpc_h2(service: InferenceService, host: str, port: int, ssl: An
 
 class GrpcConnection(Connection, asyncio.Protocol):
     __slots__ = (
+        "_buffered",
         "_corked",
         "_done",
+        "_heads",
         "_in_flight",
         "_open",
         "calls",
@@ -247,10 +268,14 @@ class GrpcConnection(Connection, asyncio.Protocol):
         self.calls: dict[int, _Call] = {}  # stream id -> its call, from its headers to its answer
         self._in_flight = 0  # calls dispatched and not answered yet
         self._open = 0  # calls whose request is still arriving
+        self._buffered = 0  # the bytes their readers hold (at most limits.max_body_bytes: invariant 2)
         self._done = 0  # requests received whole, ever (``_partial``)
         self.peer = "unknown"
         self.peer_left = False  # the client sent GOAWAY
         self._corked: list[bytes] | None = None  # writes held while a read is handled (invariant 6)
+        # request heads by the identity of the decoder's shared field list (its block cache): a
+        # client's repeated call is parsed once; the list is kept so that its id is not reused
+        self._heads: dict[int, tuple[list[tuple[bytes, bytes]], wire.CallHead]] = {}
 
     # ---- asyncio --------------------------------------------------------------------------------
 
@@ -304,14 +329,34 @@ class GrpcConnection(Connection, asyncio.Protocol):
         return self._in_flight > 0
 
     def _partial(self) -> int:
-        return self._done if self._open else -1
+        """The stream id of the oldest call still arriving (invariant 4); each such call is
+        stamped with the sweep that first saw it."""
+        if not self._open:
+            return -1
+        now = self._clock()
+        oldest = -1
+        for call in self.calls.values():
+            if call.state == ARRIVING:
+                if not call.seen_s:
+                    call.seen_s = now
+                if oldest < 0 or call.stream.id < oldest:
+                    oldest = call.stream.id
+        return oldest
 
     def _receive_timed_out(self) -> None:
-        """Invariant 4: the calls still arriving are answered and reset; the connection goes on."""
+        """Invariant 4: the calls arriving for ``receive_timeout_s`` since a sweep first saw them
+        are answered and reset; the rest of the connection goes on."""
         timeout = self.limits.receive_timeout_s
+        now = self._clock()
         for call in list(self.calls.values()):
-            if call.received_ns == 0 and call.task is None:
+            if call.state == ARRIVING and call.seen_s and now - call.seen_s >= timeout:
                 self._fail(call, ServerError(408, f"the request did not arrive whole within {timeout:g}s"))
+
+    def _release_input(self) -> None:
+        """Reading resumed after a pause of ours: the arriving calls' clocks start again."""
+        for call in self.calls.values():
+            if call.state == ARRIVING:
+                call.seen_s = 0.0
 
     def close(self) -> None:
         """Closed gracefully (idle, shutting down, a connection error): GOAWAY first, so that the
@@ -326,13 +371,14 @@ class GrpcConnection(Connection, asyncio.Protocol):
             self.session.goaway()
 
     def cancel_calls(self) -> None:
-        """The connection is going: calls still in the engine are cancelled (their answers, if
-        any come back, are dropped)."""
+        """The connection is going: calls still running are cancelled (their answers, if any come
+        back, are dropped)."""
         for call in list(self.calls.values()):
-            if call.engine_request is not None:
-                self.service.cancel(call)
-            if call.task is not None:
-                call.task.cancel()
+            if call.state == RUNNING:
+                if call.engine_request is not None:
+                    self.service.cancel(call)
+                if call.task is not None:
+                    call.task.cancel()
 
     # ---- the session's hooks --------------------------------------------------------------------
 
@@ -342,11 +388,20 @@ class GrpcConnection(Connection, asyncio.Protocol):
             if end_stream:
                 self._received(call)
             return
-        try:
-            head = wire.parse_request_head(fields)
-        except wire.HeadError as exc:
-            self._refuse_head(stream, exc)
-            return
+        heads = self._heads
+        known = heads.get(id(fields))
+        if known is not None and known[0] is fields:
+            head = known[1]
+        else:
+            try:
+                head = wire.parse_request_head(fields)
+            except wire.HeadError as exc:
+                self._refuse_head(stream, exc)
+                return
+            if self.session is not None and self.session.decoder.shared:  # this list comes again
+                if len(heads) >= HEADS_KEPT:
+                    heads.clear()
+                heads[id(fields)] = (fields, head)
         rpc = self.server.rpcs.get(head.path)
         if rpc is None:
             self._answer_status(stream, wire.UNIMPLEMENTED, f"method {head.path} is not served here")
@@ -354,39 +409,61 @@ class GrpcConnection(Connection, asyncio.Protocol):
         call = _Call(self, stream, head, rpc)
         stream.call = call
         self.calls[stream.id] = call
+        self._open += 1
         if end_stream:
             self._received(call)
-        else:
-            self._open += 1
 
     def _data(self, stream: H2Stream, data: memoryview, end_stream: bool) -> None:
         call: _Call | None = stream.call
         if call is None:
             return
-        try:
-            if not call.reader.take_whole(data):
-                call.reader.feed(data)
-        except wire.GrpcWireError as exc:
-            self._open -= 1
-            self._answer_status(stream, exc.code, str(exc))
-            self.calls.pop(stream.id, None)
-            return
+        if len(data):
+            try:
+                self._take(call, data)
+            except wire.GrpcWireError as exc:
+                self._answer_call(call, exc.code, str(exc))
+                return
         if end_stream:
-            self._open -= 1
             self._received(call)
 
+    def _take(self, call: _Call, data: memoryview) -> None:
+        """A DATA frame's bytes into the call's message (invariant 2)."""
+        size = len(data)
+        if self._buffered + size > self.limits.max_body_bytes:
+            raise wire.GrpcWireError(
+                wire.RESOURCE_EXHAUSTED,
+                f"the requests arriving on this connection would hold more than {self.limits.max_body_bytes} "
+                "bytes: send large requests fewer at a time",
+            )
+        self._buffered += size
+        call.buffered += size
+        reader = call.reader
+        if reader is None:
+            if call.message is None and call.head.coding is None:  # the usual: one frame, whole
+                call.message = wire.whole_message(data, self.limits.max_body_bytes)
+                if call.message is not None:
+                    return
+            reader = call.reader = wire.MessageReader(self.limits.max_body_bytes, call.head.coding)
+            reader.message = call.message  # a frame after a whole message: the reader refuses it
+        reader.feed(data)
+
     def _reset(self, stream: H2Stream) -> None:
+        """The client reset the call's stream (or the session did, for a stream error)."""
         call: _Call | None = stream.call
         if call is None:
             return
-        if call.received_ns == 0:
-            self._open -= 1
-        self.calls.pop(stream.id, None)
         stream.call = None
-        if call.engine_request is not None:
-            self.service.cancel(call)  # not run yet: dropped; its answer is then discarded
-        if call.task is not None:
-            call.task.cancel()
+        if call.state == ARRIVING:
+            self._end(call)
+            return
+        if call.state == RUNNING and not call.reset:  # its answer comes later, and is dropped
+            call.reset = True
+            if self.session is not None:
+                self.session.extra_streams += 1  # still counted against the stream limit
+            if call.engine_request is not None:
+                self.service.cancel(call)  # not run yet: dropped
+            if call.task is not None:
+                call.task.cancel()
 
     def _refuse_head(self, stream: H2Stream, exc: wire.HeadError) -> None:
         session = self.session
@@ -404,14 +481,22 @@ class GrpcConnection(Connection, asyncio.Protocol):
 
     def _received(self, call: _Call) -> None:
         """The call's request is whole: run it (invariant 1 from here)."""
+        if call.state != ARRIVING:
+            return
         self._done += 1
         call.received_ns = time.monotonic_ns()
         try:
-            message = call.reader.end()
+            message = call.reader.end() if call.reader is not None else call.message
+            if message is None:
+                raise wire.GrpcWireError(wire.UNIMPLEMENTED, "a unary call without a request message")
         except wire.GrpcWireError as exc:
-            self._answer_status(call.stream, exc.code, str(exc))
-            self.calls.pop(call.stream.id, None)
+            self._answer_call(call, exc.code, str(exc))
             return
+        call.state = RUNNING
+        call.reader = call.message = None
+        self._open -= 1
+        self._buffered -= call.buffered
+        call.buffered = 0
         self._in_flight += 1
         rpc = call.rpc
         try:
@@ -420,24 +505,23 @@ class GrpcConnection(Connection, asyncio.Protocol):
                 key, presented = gate.from_metadata(call.head.metadata)
                 gate.check(rpc.group, key, presented)
             try:
+                if call.head.path == _INFER_PATH:
+                    self._infer(call, message)
+                    return
                 request = rpc.request_class.FromString(message)
             except DecodeError as exc:
                 raise ServerError(400, f"{rpc.name}: the request message does not parse: {exc}") from None
-            if call.head.path == _INFER_PATH:
-                self._infer(call, request)
-            else:
-                call.task = task = self.loop.create_task(self._run(call, request))
-                self.server.tasks.add(task)
-                task.add_done_callback(self.server.tasks.discard)
+            call.task = task = self.loop.create_task(self._run(call, request))
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
         except Exception as exc:
             self._fail(call, as_server_error(exc))
 
-    def _infer(self, call: _Call, request: Any) -> None:
+    def _infer(self, call: _Call, message: bytes) -> None:
         """ModelInfer: inline when the lane takes it, else to the workers with a call back."""
         service = self.service
-        prepared = call.prepared = prepare_infer(
-            service, request, call, call.time_remaining(), call.received_ns
-        )
+        remaining_s = call.time_remaining()
+        prepared = call.prepared = prepare_infer_bytes(service, message, call, remaining_s, call.received_ns)
         outcome = service.infer_inline(  # a small model: answered now when its queue is empty
             prepared.runtime,
             prepared.arrays,
@@ -465,46 +549,66 @@ class GrpcConnection(Connection, asyncio.Protocol):
         except Exception as exc:
             self._fail(call, as_server_error(exc))
             return
-        self._answer_message(call, response.SerializeToString())
+        self._answer_message(call, [response.SerializeToString()])
 
     # ---- answers --------------------------------------------------------------------------------
 
     def _answer_infer(self, call: _Call, outcome: InferOutcome) -> None:
         if call.stream.call is not call:  # reset meanwhile: dropped
-            self._finished(call)
+            self._end(call)
             return
         try:
             assert call.prepared is not None
-            payload = infer_response(outcome, call.prepared).SerializeToString()
+            parts = infer_response_bytes(outcome, call.prepared)
         except Exception as exc:  # encoding failed: still exactly one answer
             self._fail(call, as_server_error(exc))
             return
-        self._answer_message(call, payload)
+        self._answer_message(call, parts)
 
-    def _answer_message(self, call: _Call, payload: bytes) -> None:
-        self._finished(call)
+    def _answer_message(self, call: _Call, parts: list[bytes | memoryview]) -> None:
+        """The call's message (its serialized parts) and OK, one write with the call's other frames."""
+        self._end(call)
         session, stream = self.session, call.stream
         if session is None or self.closing or stream.call is not call:
             return
         stream.call = None
-        session.send(stream, wire.RESPONSE_HEAD, wire.frame_prefix(len(payload)) + payload, wire.OK_TRAILERS)
+        length = 0
+        for part in parts:
+            length += len(part)
+        data = b"".join([wire.frame_prefix(length), *parts])
+        session.send(stream, wire.RESPONSE_HEAD, data, wire.OK_TRAILERS)
 
     def _fail(self, call: _Call, error: ServerError) -> None:
-        self._finished(call)
-        if call.received_ns == 0:
-            self._open -= 1
-        stream = call.stream
-        if stream.call is not call:
-            return
-        stream.call = None
         code = wire.STATUS_CODES.get(GRPC_CODES.get(error.status, "INTERNAL"), wire.INTERNAL)
-        self._answer_status(stream, code, error.message)
+        self._answer_call(call, code, error.message)
 
-    def _finished(self, call: _Call) -> None:
-        if self.calls.pop(call.stream.id, None) is not None and call.received_ns:
+    def _answer_call(self, call: _Call, code: int, message: str) -> None:
+        """The call answered with a status alone, unless it was reset (then only ended)."""
+        self._end(call)
+        stream = call.stream
+        if stream.call is call:
+            self._answer_status(stream, code, message)
+
+    def _end(self, call: _Call) -> None:
+        """The call leaves the connection's books, once, whatever state it was in (invariant 1)."""
+        state = call.state
+        if state == DONE:
+            return
+        call.state = DONE
+        if state == ARRIVING:
+            self._open -= 1
+            self._buffered -= call.buffered
+            call.buffered = 0
+        else:
             self._in_flight -= 1
+        if call.reset:
+            call.reset = False
+            if self.session is not None:
+                self.session.extra_streams -= 1
+        self.calls.pop(call.stream.id, None)
         call.engine_request = None
         call.task = None
+        call.reader = call.message = None
 
     def _answer_status(self, stream: H2Stream, code: int, message: str) -> None:
         """A call answered with a status alone (trailers-only); reset if its request had not ended."""

@@ -36,6 +36,15 @@ from lumenrt.ingress.shared_memory import SharedMemoryRegistry, enabled, write_s
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import check_tensor_count
 from lumenrt.protocols.errors import bad_request
+from lumenrt.protocols.grpc_infer import (
+    RequestParts,
+    ResponsePrefix,
+    encode_response,
+    int64_parameters,
+    raw_contents,
+    response_prefix,
+    split_request,
+)
 from lumenrt.protocols.parameters import (
     SharedMemoryRef,
     grpc_values,
@@ -45,7 +54,7 @@ from lumenrt.protocols.parameters import (
     request_parameters,
     shared_memory_ref,
 )
-from lumenrt.protocols.raw import from_raw, to_raw
+from lumenrt.protocols.raw import LE_DTYPES, from_raw, to_raw
 from lumenrt.protocols.tensors import check_datatype, check_shape
 
 try:
@@ -344,6 +353,132 @@ def prepare_infer(
 _NO_PARAMETERS = request_parameters({})
 
 
+# ---- ModelInfer from its bytes: a plan per signature (lumenrt's HTTP/2 front end) ------------------
+
+PLAN_CACHE_ENTRIES = 256  # signatures remembered, then the cache starts over (guessed, as v2_http's)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A request signature (``grpc_infer.split_request``'s key) decoded and checked once: a later
+    request with the same key only has its raw contents cut into arrays."""
+
+    model_name: str
+    model_version: str
+    inputs: tuple[tuple[str, str, Any, tuple[int, ...], int], ...]  # name, datatype, dtype, shape, bytes
+    outputs: list[str] | None
+    timeout_s: float | None
+    timing: bool
+    priority: int
+
+
+_plans: dict[tuple[bytes, int], _Plan] = {}
+# the signature last found in ``_plans`` (key, max_elements, plan): a request whose bytes start with
+# that key is cut without walking its fields (a client repeating one call)
+_last: tuple[bytes, int, _Plan] | None = None
+
+
+def _plan_of(request: Any, max_elements: int) -> _Plan | None:
+    """The plan of a request that decoded cleanly, if its form allows one: every input raw, fixed-size
+    and without parameters (shared memory is looked up per request), outputs without parameters."""
+    raw = request.raw_input_contents
+    if len(raw) != len(request.inputs) or any(t.parameters for t in request.inputs):
+        return None
+    if any(o.parameters for o in request.outputs):
+        return None
+    inputs = []
+    for tensor in request.inputs:
+        dt = LE_DTYPES.get(tensor.datatype)
+        if dt is None:  # BYTES: its length prefixes are checked per request
+            return None
+        shape = tuple(tensor.shape)
+        inputs.append((tensor.name, tensor.datatype, dt, shape, dt.itemsize * math.prod(shape)))
+    params = request_parameters(grpc_values(request.parameters)) if request.parameters else _NO_PARAMETERS
+    outputs = [o.name for o in request.outputs] if request.outputs else None
+    return _Plan(
+        request.model_name, request.model_version, tuple(inputs), outputs, params.timeout_s, params.timing,
+        params.priority,
+    )  # fmt: skip
+
+
+def prepare_infer_bytes(
+    service: InferenceService, message: bytes, context: Any, remaining_s: float | None, received_ns: int
+) -> PreparedInfer:
+    """``prepare_infer`` from the serialized request, through the plan of its signature when there is
+    one (the same checks, made once per signature); DecodeError if it does not parse."""
+    global _last
+    limit = service.limits.max_elements
+    last = _last
+    parts: RequestParts | None = None
+    plan: _Plan | None = None
+    if last is not None and last[1] == limit and message.startswith(last[0]):  # the signature before
+        raw = raw_contents(message, len(last[0]), len(last[2].inputs))
+        if raw is not None:
+            parts, plan = RequestParts(last[0], None, raw), last[2]
+    if parts is None:
+        parts = split_request(message)
+        plan = _plans.get((parts.key, limit)) if parts is not None else None
+        if plan is not None and parts is not None and parts.request_id is None:
+            _last = (parts.key, limit, plan)
+    if plan is not None and parts is not None and len(parts.raw) == len(plan.inputs):
+        wire: list[WireInput] = []
+        for (name, datatype, dt, shape, nbytes), data in zip(plan.inputs, parts.raw, strict=True):
+            if len(data) != nbytes:
+                break  # the wrong size: the full decode below names it
+            wire.append(WireInput(name, datatype, shape, np.frombuffer(data, dt).reshape(shape)))
+        else:
+            rt = service.runtime(plan.model_name, plan.model_version)
+            if service.limiter is not None:
+                service.admit_client(client_of(service, context), rt, "grpc", received_ns)
+            arrays = service.check_inputs(rt, wire)
+            outputs = service.check_outputs(rt, plan.outputs)
+            timeout_s = plan.timeout_s
+            if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
+                timeout_s = max(remaining_s, 0.0)
+            service.check_priority(rt, plan.priority, "parameters.priority")
+            return PreparedInfer(
+                rt, arrays, outputs, timeout_s, plan.timing, plan.priority, parts.request_id, None
+            )
+    request = pb.ModelInferRequest.FromString(message)
+    call = prepare_infer(service, request, context, remaining_s, received_ns)
+    if parts is not None and (parts.key, limit) not in _plans:
+        new = _plan_of(request, limit)
+        if new is not None:
+            if len(_plans) >= PLAN_CACHE_ENTRIES:
+                _plans.clear()
+            _plans[(parts.key, limit)] = new
+            if parts.request_id is None:
+                _last = (parts.key, limit, new)
+    return call
+
+
+# the fixed part of answers by (model, version, outputs' names, datatypes and shapes); bounded like _plans
+_prefixes: dict[tuple[Any, ...], ResponsePrefix] = {}
+
+
+def infer_response_bytes(outcome: InferOutcome, call: PreparedInfer) -> list[bytes | memoryview]:
+    """The serialized ModelInferResponse for ``outcome`` as parts (what ``infer_response`` would
+    serialize), written by hand from a prefix made once per signature. Encode before the outputs
+    are released: the parts may be views of them."""
+    if call.shm_outputs is not None:
+        return [infer_response(outcome, call).SerializeToString()]
+    described: list[tuple[str, str, tuple[int, ...]]] = []
+    raw: list[bytes | memoryview] = []
+    for name, array in outcome.outputs:
+        datatype, data = to_raw(array)
+        described.append((name, datatype, array.shape))
+        raw.append(data)
+    version = str(outcome.version)
+    key = (outcome.model, version, *described)
+    prefix = _prefixes.get(key)
+    if prefix is None:
+        if len(_prefixes) >= PLAN_CACHE_ENTRIES:
+            _prefixes.clear()
+        prefix = _prefixes[key] = response_prefix(outcome.model, version, described)
+    params = int64_parameters(outcome.parameters) if outcome.parameters else b""
+    return encode_response(prefix, call.request_id, params, raw)
+
+
 def infer_response(outcome: InferOutcome, call: PreparedInfer) -> Any:
     """The ModelInferResponse for ``outcome`` (encode before the outputs are released)."""
     response = pb.ModelInferResponse(model_name=outcome.model, model_version=str(outcome.version))
@@ -421,8 +556,10 @@ __all__ = [
     "PreparedInfer",
     "client_of",
     "infer_response",
+    "infer_response_bytes",
     "pb",
     "prepare_infer",
+    "prepare_infer_bytes",
     "rpc_methods",
     "snake",
 ]

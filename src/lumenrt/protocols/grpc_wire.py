@@ -120,24 +120,29 @@ def trailers_only(code: int, message: str, extra: list[tuple[bytes, bytes]] | No
 
 
 class MessageReader:
-    """The one message of a unary call, from its DATA frames: the length prefix is checked
-    against ``max_bytes`` before the buffer for it is made (claimed sizes checked first), and a
-    compressed message is inflated with the same bound. ``message`` once ``complete``."""
+    """The one message of a unary call, from its DATA frames. The length prefix is checked against
+    ``max_bytes``, and the buffer then grows with what actually arrives (a prefix that claims
+    64 MiB costs nothing until the bytes come); a compressed message is inflated within the same
+    bound. ``message`` once ``complete``; ``held`` is what the buffer holds so far."""
 
-    __slots__ = ("_buffer", "_compressed", "_filled", "_prefix", "coding", "max_bytes", "message")
+    __slots__ = ("_buffer", "_compressed", "_length", "_prefix", "coding", "max_bytes", "message")
 
     def __init__(self, max_bytes: int, coding: bytes | None = None) -> None:
         self.max_bytes = max_bytes
         self.coding = coding  # grpc-encoding: None/identity, gzip or deflate
         self._prefix = b""
         self._buffer: bytearray | None = None
-        self._filled = 0
+        self._length = 0
         self._compressed = False
         self.message: bytes | None = None  # set once whole
 
     @property
     def started(self) -> bool:
         return bool(self._prefix) or self._buffer is not None or self.message is not None
+
+    @property
+    def held(self) -> int:
+        return len(self._prefix) + (len(self._buffer) if self._buffer is not None else 0)
 
     def feed(self, data: memoryview) -> None:
         """Take one DATA frame's payload (copied)."""
@@ -164,31 +169,17 @@ class MessageReader:
                 self._compressed = bool(flag)
                 if flag and self.coding in (None, b"identity"):
                     raise GrpcWireError(INTERNAL, "a compressed message without grpc-encoding")
-                if length == 0:
-                    self._finish(b"")
-                    continue
-                self._buffer = buffer = bytearray(length)
-                self._filled = 0
-            take = min(len(buffer) - self._filled, end - at)
-            buffer[self._filled : self._filled + take] = data[at : at + take]
-            self._filled += take
+                self._prefix = b""
+                self._length = length
+                self._buffer = buffer = bytearray()
+            take = min(self._length - len(buffer), end - at)
+            buffer += data[at : at + take]
             at += take
-            if self._filled == len(buffer):
+            if len(buffer) == self._length:
+                self._buffer = None
                 self._finish(bytes(buffer))
 
-    def take_whole(self, data: memoryview) -> bool:
-        """The common case at no copy cost beyond one: a frame holding exactly one whole
-        uncompressed message, first thing in the call. True if it was (``message`` set)."""
-        if self.started or len(data) < PREFIX_BYTES or data[0] != 0:
-            return False
-        length = int.from_bytes(data[1:5], "big")
-        if length != len(data) - PREFIX_BYTES or length > self.max_bytes:
-            return False
-        self.message = bytes(data[PREFIX_BYTES:])
-        return True
-
     def _finish(self, body: bytes) -> None:
-        self._buffer = None
         if self._compressed:
             body = inflate(body, self.coding or b"", self.max_bytes)
         self.message = body
@@ -200,6 +191,17 @@ class MessageReader:
                 raise GrpcWireError(INTERNAL, "the call ended inside its message")
             raise GrpcWireError(UNIMPLEMENTED, "a unary call without a request message")
         return self.message
+
+
+def whole_message(data: memoryview, max_bytes: int) -> bytes | None:
+    """The message, when ``data`` (a call's first DATA) is exactly one whole uncompressed message
+    within ``max_bytes``; else None (a ``MessageReader`` takes it)."""
+    if len(data) < PREFIX_BYTES or data[0] != 0:
+        return None
+    length = int.from_bytes(data[1:5], "big")
+    if length != len(data) - PREFIX_BYTES or length > max_bytes:
+        return None
+    return bytes(data[PREFIX_BYTES:])
 
 
 def inflate(body: bytes, coding: bytes, max_bytes: int) -> bytes:
@@ -220,6 +222,10 @@ def inflate(body: bytes, coding: bytes, max_bytes: int) -> bytes:
     if len(out) > max_bytes or inflater.unconsumed_tail:
         raise GrpcWireError(
             RESOURCE_EXHAUSTED, f"a message that inflates past the server's limit of {max_bytes} bytes"
+        )
+    if not inflater.eof or inflater.unused_data:
+        raise GrpcWireError(
+            INTERNAL, f"a {coding.decode()} message that is cut short or has bytes after its end"
         )
     return out
 

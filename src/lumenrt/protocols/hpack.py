@@ -14,8 +14,9 @@ Decoding (``HpackDecoder``)
   - A block that only refers to the tables (no literal added to the dynamic table, no size update)
     decodes the same way until the dynamic table changes. gRPC clients send such blocks for every
     call after the first (their own encoder indexes the path, the authority and the rest), so these
-    are remembered by their bytes (``CACHE_BLOCKS`` of them) and the cache is emptied whenever the
-    table changes: a repeated call costs one dict lookup instead of a decode.
+    are remembered by their bytes (``CACHE_BLOCKS`` of them, each at most ``CACHE_BLOCK_BYTES``) and
+    the cache is emptied whenever the table changes: a repeated call costs one dict lookup instead
+    of a decode.
 
 Encoding (``encode_block``)
   Each field is a literal without indexing (6.2.2), its name taken from the static table where it
@@ -133,6 +134,9 @@ EOS = 256
 ENTRY_OVERHEAD = 32  # octets each entry adds to a table's size (4.1), and each field to a list's
 DEFAULT_TABLE_SIZE = 4096  # SETTINGS_HEADER_TABLE_SIZE's initial value (RFC 7540 6.5.2)
 CACHE_BLOCKS = 64  # header blocks remembered per decoder (guessed: a client's few distinct calls)
+# ... each at most this long (a gRPC call's block is 100-300 octets: held per connection, the cache
+# stays under 64 x 1 KiB of blocks plus their fields, not 64 x the 64 KiB a block may be)
+CACHE_BLOCK_BYTES = 1024
 
 
 class HpackError(ValueError):
@@ -305,7 +309,7 @@ def _decode_string(block: bytes, at: int) -> tuple[bytes, int]:
 class HpackDecoder:
     """One direction of one connection's header compression (the peer's encoder's mirror)."""
 
-    __slots__ = ("_cache", "_dynamic", "_size", "max_list_bytes", "max_table_size", "table_size")
+    __slots__ = ("_cache", "_dynamic", "_size", "max_list_bytes", "max_table_size", "shared", "table_size")
 
     def __init__(self, max_table_size: int = DEFAULT_TABLE_SIZE, max_list_bytes: int = 64 << 10) -> None:
         self.max_table_size = max_table_size  # the most we allow (our SETTINGS_HEADER_TABLE_SIZE)
@@ -314,11 +318,15 @@ class HpackDecoder:
         self._dynamic: list[tuple[bytes, bytes]] = []  # newest first (index 62 is [0])
         self._size = 0
         self._cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        # the last list ``decode`` returned is the cache's: the same object comes back for the same
+        # block until the table changes (a caller may key what it derives on its identity)
+        self.shared = False
 
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """The fields of one whole header block (HEADERS plus its CONTINUATIONs), in order. The
         list may be shared with later calls for the same bytes: do not change it."""
         cached = self._cache.get(block)
+        self.shared = cached is not None
         if cached is not None:
             return cached
         fields: list[tuple[bytes, bytes]] = []
@@ -364,10 +372,11 @@ class HpackDecoder:
             self._cache.clear()
         if too_large:
             raise HeaderListTooLarge(f"the header list is over {self.max_list_bytes} octets")
-        if not changed:
+        if not changed and len(block) <= CACHE_BLOCK_BYTES:
             if len(self._cache) >= CACHE_BLOCKS:
                 self._cache.clear()
             self._cache[bytes(block)] = fields
+            self.shared = True
         return fields
 
     def _name(self, block: bytes, at: int, prefix_bits: int) -> tuple[bytes, int]:

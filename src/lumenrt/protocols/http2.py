@@ -72,6 +72,10 @@ MAX_WINDOW = (1 << 31) - 1
 # The connection's receive window we keep open (guessed: 16 MiB lets a few large tensors arrive
 # at once without waiting on a WINDOW_UPDATE round trip; the memory bound is the calls' own).
 CONNECTION_WINDOW = 16 << 20
+# A header block in more frames than this is refused (ENHANCE_YOUR_CALM), whatever its size: empty
+# CONTINUATIONs cost the receiver and never reach a size limit (guessed: a 64 KiB block in 16 KiB
+# frames takes 4; clients split blocks only past the frame size).
+MAX_CONTINUATIONS = 64
 
 _HEADER = struct.Struct(">BHBBL")  # a frame's 9 octets: length (24 bits as 8 + 16), type, flags, stream
 _U32 = struct.Struct(">L")
@@ -154,6 +158,7 @@ class H2Stream:
         "id",
         "local_closed",
         "pending",
+        "pending_end",
         "pending_trailers",
         "recv_unacked",
         "recv_window",
@@ -170,6 +175,7 @@ class H2Stream:
         self.local_closed = False  # we sent END_STREAM (or queued it behind pending data)
         self.pending: list[memoryview] | None = None  # data waiting for a window (invariant 4)
         self.pending_trailers: bytes | None = None  # a header block to send after it (END_STREAM)
+        self.pending_end = False  # the last of the waiting data ends the stream
         self.call: Any = None
 
 
@@ -178,6 +184,7 @@ class H2Session:
 
     __slots__ = (
         "_block",
+        "_block_bytes",
         "_block_flags",
         "_block_stream",
         "_blocked",
@@ -188,6 +195,7 @@ class H2Session:
         "conn_recv_window",
         "conn_send_window",
         "decoder",
+        "extra_streams",
         "goaway_received",
         "goaway_sent",
         "last_peer_stream",
@@ -211,6 +219,10 @@ class H2Session:
         self.local = local or LocalSettings()
         self.decoder = HpackDecoder(self.local.header_table_size, self.local.max_header_list_bytes)
         self.streams: dict[int, H2Stream] = {}
+        # streams closed at the HTTP/2 level whose work the subclass still holds (a call the client
+        # reset while its request runs): they count against our MAX_CONCURRENT_STREAMS, so that
+        # resetting streams at once (a "rapid reset") cannot start unbounded work
+        self.extra_streams = 0
         self.closed = False  # a connection error was sent or received (invariant 6)
         self.goaway_sent = -1  # the last stream id we promised to serve; -1: no GOAWAY sent
         self.goaway_received = -1  # the peer's last stream id from its GOAWAY; -1: none
@@ -227,6 +239,7 @@ class H2Session:
         self.table_update_owed = False  # the peer lowered SETTINGS_HEADER_TABLE_SIZE (hpack.py)
         self._rest = b""  # the start of a frame not yet whole
         self._block: list[bytes] | None = None  # a header block in CONTINUATION frames
+        self._block_bytes = 0  # its size so far
         self._block_stream = 0
         self._block_flags = 0
         self._blocked: dict[int, H2Stream] = {}  # streams with data waiting for a window, in order
@@ -323,6 +336,8 @@ class H2Session:
                     if stream_id == 0:
                         raise H2Error(PROTOCOL_ERROR, "PRIORITY on stream 0")
                     if length != 5:
+                        if stream_id not in self.streams:  # RST_STREAM is not sent on an idle stream
+                            raise H2Error(FRAME_SIZE_ERROR, "PRIORITY is 5 octets")
                         self._stream_error(stream_id, FRAME_SIZE_ERROR, "PRIORITY is 5 octets")
                 elif frame_type == PUSH_PROMISE:
                     raise H2Error(PROTOCOL_ERROR, "PUSH_PROMISE: push is not enabled")
@@ -395,15 +410,20 @@ class H2Session:
             return
         self._check_block_size(len(payload))
         self._block, self._block_stream, self._block_flags = [bytes(payload)], stream_id, flags
+        self._block_bytes = len(payload)
 
     def _continuation(self, payload: memoryview, flags: int, stream_id: int) -> None:
-        if self._block is None or stream_id != self._block_stream:
+        block = self._block
+        if block is None or stream_id != self._block_stream:
             raise H2Error(PROTOCOL_ERROR, "CONTINUATION without the HEADERS it continues")
-        self._check_block_size(sum(map(len, self._block)) + len(payload))
-        self._block.append(bytes(payload))
+        self._block_bytes += len(payload)
+        self._check_block_size(self._block_bytes)
+        if len(block) >= MAX_CONTINUATIONS:  # empty ones would never reach the size limit
+            raise H2Error(ENHANCE_YOUR_CALM, f"a header block in more than {MAX_CONTINUATIONS} frames")
+        block.append(bytes(payload))
         if flags & END_HEADERS:
-            block, self._block = b"".join(self._block), None
-            self._header_block(block, self._block_flags, stream_id)
+            self._block = None
+            self._header_block(b"".join(block), self._block_flags, stream_id)
 
     def _check_block_size(self, size: int) -> None:
         if size > self.local.max_header_block_bytes:
@@ -447,7 +467,7 @@ class H2Session:
             if not self.on_refused(stream_id, None, "the header list is over the server's limit"):
                 self.write(rst_stream_frame(stream_id, REFUSED_STREAM))
             return
-        if len(self.streams) >= self.local.max_concurrent_streams:
+        if len(self.streams) + self.extra_streams >= self.local.max_concurrent_streams:
             reason = f"more than {self.local.max_concurrent_streams} streams at once on one connection"
             if not self.on_refused(stream_id, fields, reason):
                 self.write(rst_stream_frame(stream_id, REFUSED_STREAM))
@@ -498,6 +518,7 @@ class H2Session:
             return
         if len(payload) % 6:
             raise H2Error(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 octets")
+        window: int | None = None  # the frame's last INITIAL_WINDOW_SIZE, applied once (below)
         for at in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, at)
             if key == HEADER_TABLE_SIZE:
@@ -513,16 +534,18 @@ class H2Session:
             elif key == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise H2Error(FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value}")
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise H2Error(FLOW_CONTROL_ERROR, "a stream's send window past 2^31-1")
+                window = value
             elif key == MAX_FRAME_SIZE:
                 if not MIN_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
                     raise H2Error(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
                 self.peer_max_frame = value
+        if window is not None and window != self.peer_initial_window:
+            delta = window - self.peer_initial_window
+            self.peer_initial_window = window
+            for stream in self.streams.values():
+                stream.send_window += delta
+                if stream.send_window > MAX_WINDOW:
+                    raise H2Error(FLOW_CONTROL_ERROR, "a stream's send window past 2^31-1")
         self.write(frame_header(0, SETTINGS, ACK, 0))
         if self._blocked:
             self._flush_blocked()
@@ -609,6 +632,14 @@ class H2Session:
         front end's fixed answers) are sent as they are unless a table size update is owed."""
         if self.closed or stream.local_closed:
             return
+        if stream.pending is not None:  # behind data still waiting for a window: queued after it
+            if head is not None:
+                raise RuntimeError("a header block sent while the stream's data waits for a window")
+            if data:
+                stream.pending.append(memoryview(data))
+            stream.pending_trailers, stream.pending_end = trailers, end_stream
+            stream.local_closed = end_stream
+            return
         out: list[bytes | memoryview] = []
         if head is not None:
             if self.table_update_owed:
@@ -622,7 +653,7 @@ class H2Session:
             sent = self._data_frames(out, stream, view, end_stream and trailers is None)
             if sent < len(view):
                 stream.pending = [view[sent:]]
-                stream.pending_trailers = trailers
+                stream.pending_trailers, stream.pending_end = trailers, end_stream
                 self._blocked[stream.id] = stream
                 self._write_out(out)
                 return
@@ -700,22 +731,32 @@ class H2Session:
             if pending is None:
                 self._blocked.pop(stream_id, None)
                 continue
-            view = pending[0]
-            trailers = stream.pending_trailers
-            sent = self._data_frames(out, stream, view, trailers is None)
-            if sent < len(view):
-                pending[0] = view[sent:]
+            trailers, end = stream.pending_trailers, stream.pending_end
+            while pending:
+                view = pending[0]
+                last = len(pending) == 1
+                sent = self._data_frames(out, stream, view, last and end and trailers is None)
+                if sent < len(view):
+                    pending[0] = view[sent:]
+                    break
+                pending.pop(0)
+            if pending:
                 continue
             stream.pending = None
             del self._blocked[stream_id]
             if trailers is not None:
                 stream.pending_trailers = None
                 self._header_frames(out, stream_id, trailers, END_STREAM)
-            if stream.remote_closed:
+            if end and stream.remote_closed:
                 self.streams.pop(stream_id, None)
         if out:
             self._write_out(out)
             self.on_window()
+
+    def forget(self, stream: H2Stream) -> None:
+        """Drop what ``stream`` still has waiting to be sent (its call failed or was dropped)."""
+        stream.pending = None
+        self._blocked.pop(stream.id, None)
 
     def _write_out(self, out: list[bytes | memoryview]) -> None:
         if len(out) == 1:

@@ -1,0 +1,204 @@
+"""ModelInfer's messages at the wire level, for the gRPC front end's common case (no I/O): a request cut
+into the part that is the same for every request of one signature and the parts that change, and
+an answer written from a prefix made once per signature. The generated protobuf classes remain
+the reference (and the path for everything else); tests check these bytes against them.
+
+Protobuf's encoding (protobuf.dev, "Encoding"): a message is a sequence of fields, each a varint
+tag (field number << 3 | wire type) and, for wire type 2, a varint length and that many octets.
+ModelInferRequest's top-level fields are all of wire type 2: model_name 1, model_version 2, id 3,
+parameters 4 (map entries), inputs 5, outputs 6, raw_input_contents 7. Serializers write fields in
+number order, so the raw contents come last; a request that is not laid out so (or has a field
+of another wire type) is left to the generated class (``split_request`` gives None).
+
+``split_request`` gives the signature key (every field but id and the raw contents, as sent), the
+id, and views of the raw contents: the front end decodes and checks a key's fields once and
+afterwards only cuts arrays out of the raw contents. Claimed lengths are checked against the
+message before anything is sliced.
+"""
+
+from dataclasses import dataclass
+
+_RAW_INPUT = 7
+_ID = 3
+_MAX_FIELDS = 4096  # top-level fields walked before giving up to the generated class (guessed)
+
+
+@dataclass(slots=True)
+class RequestParts:
+    key: bytes  # the fields other than id and raw_input_contents, in order, as sent
+    request_id: str | None
+    raw: list[memoryview]  # raw_input_contents, in order
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    end = len(data)
+    while True:
+        if at >= end or shift > 63:
+            raise ValueError("a varint runs past the message")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def split_request(message: bytes) -> RequestParts | None:
+    """Cut a serialized ModelInferRequest (see the top); None when it is not laid out as expected
+    (the caller then parses it with the generated class, which says what is wrong)."""
+    view = memoryview(message)
+    parts: list[bytes] = []
+    raw: list[memoryview] = []
+    request_id: str | None = None
+    at, end = 0, len(message)
+    for _ in range(_MAX_FIELDS):
+        if at >= end:
+            return RequestParts(b"".join(parts), request_id, raw)
+        start = at
+        tag = message[at]
+        if tag < 0x80:
+            at += 1
+        else:
+            try:
+                tag, at = _varint(message, at)
+            except ValueError:
+                return None
+        if tag & 7 != 2:
+            return None
+        length = message[at] if at < end else 0x80
+        if length < 0x80:
+            at += 1
+        else:
+            try:
+                length, at = _varint(message, at)
+            except ValueError:
+                return None
+        stop = at + length
+        if stop > end:
+            return None
+        field = tag >> 3
+        if field == _RAW_INPUT:
+            raw.append(view[at:stop])
+        elif raw:
+            return None  # a field after the raw contents: not the usual layout
+        elif field == _ID:
+            try:
+                request_id = message[at:stop].decode("utf-8") or None
+            except UnicodeDecodeError:
+                return None
+        else:
+            parts.append(message[start:stop])
+        at = stop
+    return None
+
+
+def raw_contents(message: bytes, at: int, count: int) -> list[memoryview] | None:
+    """The ``count`` raw_input_contents that make up all of ``message`` from ``at`` (a request whose
+    leading fields are a known signature's key); None if that is not what follows."""
+    view = memoryview(message)
+    raw: list[memoryview] = []
+    end = len(message)
+    for _ in range(count):
+        if at >= end or message[at] != _RAW_TAG:
+            return None
+        at += 1
+        length = message[at] if at < end else 0x80
+        if length < 0x80:
+            at += 1
+        else:
+            try:
+                length, at = _varint(message, at)
+            except ValueError:
+                return None
+        stop = at + length
+        if stop > end:
+            return None
+        raw.append(view[at:stop])
+        at = stop
+    return raw if at == end else None
+
+
+_RAW_TAG = (_RAW_INPUT << 3) | 2
+
+
+# ---- the answer -----------------------------------------------------------------------------------
+
+
+def _key(field: int) -> bytes:
+    return _uvarint((field << 3) | 2)
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _delimited(field: int, payload: bytes) -> bytes:
+    return _key(field) + _uvarint(len(payload)) + payload
+
+
+def _int64(value: int) -> bytes:
+    return _uvarint(value & 0xFFFFFFFFFFFFFFFF)  # two's complement, 10 octets when negative
+
+
+_RAW_OUTPUT = _key(6)
+_ID_KEY = _key(_ID)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsePrefix:
+    """What is the same in every answer of one signature: model_name and model_version (``head``,
+    fields 1 and 2) and the outputs' descriptions (``outputs``, field 5, one entry each)."""
+
+    head: bytes
+    outputs: bytes
+
+
+def response_prefix(
+    model: str, version: str, outputs: list[tuple[str, str, tuple[int, ...]]]
+) -> ResponsePrefix:
+    """The fixed parts of an answer naming ``outputs`` (name, datatype, shape)."""
+    head = _delimited(1, model.encode()) if model else b""
+    if version:
+        head += _delimited(2, version.encode())
+    tensors = []
+    for name, datatype, shape in outputs:
+        tensor = [_delimited(1, name.encode())] if name else []  # proto3 leaves empty strings out
+        if datatype:
+            tensor.append(_delimited(2, datatype.encode()))
+        if shape:
+            tensor.append(_delimited(3, b"".join(_int64(d) for d in shape)))  # packed int64
+        tensors.append(_delimited(5, b"".join(tensor)))
+    return ResponsePrefix(head, b"".join(tensors))
+
+
+def int64_parameters(values: dict[str, int]) -> bytes:
+    """The response's parameters map with ``int64_param`` values (field 4: one entry message each)."""
+    out = []
+    for key, value in values.items():
+        param = _int64(value)
+        entry = _delimited(1, key.encode()) + _delimited(2, b"\x10" + param)  # InferParameter.int64_param = 2
+        out.append(_delimited(4, entry))
+    return b"".join(out)
+
+
+def encode_response(
+    prefix: ResponsePrefix, request_id: str | None, parameters: bytes, raw: list[bytes | memoryview]
+) -> list[bytes | memoryview]:
+    """An answer's parts, in field number order, as protobuf writes them (join them, or hand them
+    to ``writelines``)."""
+    out: list[bytes | memoryview] = [prefix.head]
+    if request_id:
+        out.append(_delimited(_ID, request_id.encode()))
+    if parameters:
+        out.append(parameters)
+    out.append(prefix.outputs)
+    for data in raw:
+        out.append(_RAW_OUTPUT + _uvarint(len(data)))
+        out.append(data)
+    return out
