@@ -89,3 +89,50 @@ def test_errors_and_bad_responses_raise_inference_error(
     with pytest.raises(InferenceError) as info:
         decode_infer(status, headers, body)
     assert info.value.status == expected_status and expected in info.value.message
+
+
+# ---- the async client's response parser (no sockets) -------------------------------------------------
+
+
+def test_a_response_is_taken_whole_however_it_is_split() -> None:
+    from lumenrt.client.http import _parse_response
+
+    wire = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: x\r\n\r\nhelloHTTP/1.1 204 No"
+    for cut in range(len(wire)):
+        buffer = bytearray(wire[:cut])
+        got = _parse_response(buffer)
+        buffer += wire[cut:]
+        if got is None:
+            got = _parse_response(buffer)
+        assert got == (200, {"content-length": "5", "content-type": "x"}, b"hello", True)
+        assert buffer == b"HTTP/1.1 204 No"  # what follows stays for the next response
+
+
+def test_chunked_and_closing_responses() -> None:
+    from lumenrt.client.http import _parse_response
+
+    chunked = bytearray(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    )
+    assert _parse_response(chunked) == (200, {"transfer-encoding": "chunked"}, b"abcde", True)
+    assert chunked == b""
+    assert _parse_response(bytearray(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nab")) is None
+    closing = bytearray(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n")
+    assert _parse_response(closing) == (200, {"content-length": "0"}, b"", False)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTX/1.1 200 OK\r\n\r\n",
+        b"HTTP/1.1 abc OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"x: y\r\n" * 20000,  # a head past MAX_HEADER_BYTES, not ended
+    ],
+)
+def test_bad_responses_end_the_connection(wire: bytes) -> None:
+    from lumenrt.client.http import _parse_response
+
+    with pytest.raises(ConnectionError):
+        _parse_response(bytearray(wire))

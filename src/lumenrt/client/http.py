@@ -14,13 +14,14 @@ length is in ``Inference-Header-Content-Length`` and each input says its size in
 back as ``lumenrt_*`` response parameters and land in ``InferResult.timing`` without the prefix.
 ``timeout_s`` is sent as Triton's ``timeout`` request parameter (microseconds).
 
-Only the standard library (http.client, asyncio streams) and numpy.
+Only the standard library (http.client, an asyncio protocol) and numpy.
 """
 
 import asyncio
 import contextlib
 import http.client
 import json
+import socket
 import ssl as ssl_module
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 _TIMING_PREFIX = "lumenrt_"
 MAX_HEADER_BYTES = 64 << 10  # a response's status line and headers (async client)
 WRITE_APART_BYTES = 64 << 10  # a larger request body is written beside its head, not joined to it
+CLOSE_WAIT_S = 5.0  # close: how long to wait for a connection (TLS: its close_notify) to end (guessed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,51 +273,141 @@ class HttpClient:
         return decode_infer(status, headers, body)
 
 
+class _Response(asyncio.Protocol):
+    """One kept-alive HTTP/1.1 connection of the async client, as a protocol: the response to the
+    request in flight is parsed from ``data_received`` as it arrives (no stream reader, one wake-up
+    per read). Its head is bounded by ``MAX_HEADER_BYTES`` before anything else is kept, and its
+    body by its Content-Length (or its chunks)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.waiter: asyncio.Future[tuple[int, dict[str, str], bytes, bool]] | None = None
+        self.lost: BaseException | None = None
+        self.closed = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        try:
+            response = _parse_response(self.buffer)
+        except ConnectionError as exc:
+            self.waiter = None
+            waiter.set_exception(exc)
+            return
+        if response is not None:
+            self.waiter = None
+            waiter.set_result(response)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = ConnectionError(f"connection lost: {exc or 'closed by the server'}")
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(self.lost)
+        self.closed.set()
+
+
+def _parse_response(buffer: bytearray) -> tuple[int, dict[str, str], bytes, bool] | None:
+    """A whole response taken off the front of ``buffer``, or None while it is not all there."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buffer) > MAX_HEADER_BYTES:
+            raise ConnectionError(f"the server's response head is over {MAX_HEADER_BYTES} bytes")
+        return None
+    status_line, *header_lines = buffer[:end].decode("latin-1").split("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise ConnectionError(f"bad HTTP status line from the server: {status_line!r}")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    at = end + 4
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunked = _chunked_body(buffer, at)
+        if chunked is None:
+            return None
+        data, at = chunked
+    else:
+        length = headers.get("content-length", "0")
+        if not length.isdigit():
+            raise ConnectionError(f"bad Content-Length from the server: {length!r}")
+        if len(buffer) < at + int(length):
+            return None
+        data = bytes(buffer[at : at + int(length)])
+        at += int(length)
+    del buffer[:at]
+    keep = headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
+    return int(parts[1]), headers, data, keep
+
+
+def _chunked_body(buffer: bytearray, at: int) -> tuple[bytes, int] | None:
+    chunks: list[bytes] = []
+    while True:
+        line_end = buffer.find(b"\r\n", at)
+        if line_end < 0:
+            return None
+        try:
+            size = int(bytes(buffer[at:line_end]).split(b";")[0], 16)
+        except ValueError:
+            raise ConnectionError("bad chunk size from the server") from None
+        at = line_end + 2
+        if size == 0:
+            trailer_end = buffer.find(b"\r\n", at)  # no trailers expected: the empty line
+            return None if trailer_end < 0 else (b"".join(chunks), trailer_end + 2)
+        if len(buffer) < at + size + 2:
+            return None
+        chunks.append(bytes(buffer[at : at + size]))
+        at += size + 2
+
+
 class _Connection:
     """One kept-alive HTTP/1.1 connection of the async client."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, transport: asyncio.Transport, protocol: _Response) -> None:
+        self.transport = transport
+        self.protocol = protocol
+        self._heads: dict[tuple[str, str, str, tuple[tuple[str, str], ...], int], bytes] = {}
 
     async def request(
         self, host: str, method: str, path: str, headers: Mapping[str, str], body: bytes
     ) -> tuple[int, dict[str, str], bytes, bool]:
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        protocol = self.protocol
+        if protocol.lost is not None:
+            raise protocol.lost
+        key = (host, method, path, tuple(headers.items()), len(body))
+        head = self._heads.get(key)
+        if head is None:
+            lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
+            lines += [f"{k}: {v}" for k, v in headers.items()]
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            if len(self._heads) >= 16:  # a few signatures per connection (guessed)
+                self._heads.clear()
+            self._heads[key] = head
+        waiter: asyncio.Future[tuple[int, dict[str, str], bytes, bool]]
+        waiter = protocol.waiter = asyncio.get_running_loop().create_future()
         if len(body) < WRITE_APART_BYTES:
-            self.writer.write(head + body)  # one buffer, one send
+            self.transport.write(head + body)  # one buffer, one send
         else:
-            self.writer.writelines([head, body])  # the body is sent as it is, not copied behind a head
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise ConnectionError(f"bad HTTP status line from the server: {status_line!r}")
-        response_headers: dict[str, str] = {}
-        for line in header_lines:
-            key, _, value = line.partition(":")
-            response_headers[key.strip().lower()] = value.strip()
-        if response_headers.get("transfer-encoding", "").lower() == "chunked":
-            data = await self._read_chunked()
-        else:
-            data = await self.reader.readexactly(int(response_headers.get("content-length", "0")))
-        keep = response_headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
-        return int(parts[1]), response_headers, data, keep
-
-    async def _read_chunked(self) -> bytes:
-        chunks: list[bytes] = []
-        while True:
-            size = int((await self.reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
-            if size == 0:
-                await self.reader.readuntil(b"\r\n")  # no trailers expected: the empty line
-                return b"".join(chunks)
-            chunks.append(await self.reader.readexactly(size))
-            await self.reader.readexactly(2)
+            self.transport.writelines([head, body])  # the body is sent as it is, not copied behind a head
+        if protocol.buffer:  # the whole answer may be here already (data_received saw no waiter)
+            protocol.data_received(b"")
+        try:
+            return await waiter
+        finally:
+            protocol.waiter = None
 
     def close(self) -> None:
-        self.writer.close()
+        self.transport.close()
 
 
 class AsyncHttpClient:
@@ -346,8 +438,8 @@ class AsyncHttpClient:
         for conn in idle:
             conn.close()
         for conn in idle:
-            with contextlib.suppress(Exception):
-                await conn.writer.wait_closed()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(conn.protocol.closed.wait(), CLOSE_WAIT_S)
 
     async def __aenter__(self) -> "AsyncHttpClient":
         return self
@@ -372,7 +464,7 @@ class AsyncHttpClient:
                         {**(headers or {}), **self._auth} if self._auth else headers or {},
                         body,
                     )
-                except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                except ConnectionError as exc:
                     conn.close()
                     if attempt or not reused:
                         raise ConnectionError(
@@ -397,10 +489,11 @@ class AsyncHttpClient:
         return await self._request(method, path, body, headers)
 
     async def _open(self) -> _Connection:
-        reader, writer = await asyncio.open_connection(
-            self.host, self.port, limit=MAX_HEADER_BYTES, ssl=self._ssl
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_connection(
+            _Response, self.host, self.port, ssl=self._ssl, server_hostname=self.host if self._ssl else None
         )
-        return _Connection(reader, writer)
+        return _Connection(transport, protocol)
 
     async def get_json(self, path: str) -> Any:
         status, _, body = await self._request("GET", path)
