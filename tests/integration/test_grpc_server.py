@@ -552,21 +552,6 @@ class Echo:
 """
 
 
-SLOW_MODEL = """
-from tests.integration.slow_model_state import ENTERED, GATE
-
-
-class Slow:
-    def load(self):
-        pass
-
-    def infer(self, inputs):
-        ENTERED.set()
-        GATE.wait(30)
-        return {"y": inputs["x"] * 2}
-"""
-
-
 @pytest.fixture(scope="module")
 def python_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("python_repo")
@@ -578,13 +563,7 @@ def python_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "output:\n  - {name: shouted, datatype: BYTES, dims: [2]}\n  - {name: length, datatype: INT32, dims: [2]}\n"
         "instance_group: {count: 1}\n"
     )
-    (root / "slow" / "1").mkdir(parents=True)
-    (root / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
-    (root / "slow" / "config.yaml").write_text(
-        "backend: python\nmax_batch_size: 0\n"
-        "input:\n  - {name: x, datatype: FP32, dims: [2]}\noutput:\n  - {name: y, datatype: FP32, dims: [2]}\n"
-        "instance_group: {count: 1}\n"
-    )
+    slow_model_state.write_slow_model(root)
     return root
 
 

@@ -31,7 +31,6 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
 import numpy as np
-import numpy.typing as npt
 
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.grpc import AsyncGrpcClient, GrpcError
@@ -244,10 +243,9 @@ class RawHttpTarget(_HttpConnections):
         return {}
 
 
-class GrpcTarget:
-    """KServe V2 gRPC through lumenrt's own client: one HTTP/2 connection, the calls its streams."""
-
-    protocol = "grpc"
+class _GrpcRequest:
+    """What both gRPC targets send: ModelInfer serialized once, and how its answer's stage times
+    are read."""
 
     def __init__(
         self,
@@ -260,15 +258,24 @@ class GrpcTarget:
         credentials: Credentials = NO_CREDENTIALS,
     ) -> None:
         from lumenrt.client.grpc import encode_infer
+        from lumenrt.protocols.proto import grpc_service_pb2 as pb  # generated at build time
 
         self.url = url
         self.credentials = credentials
         self.timeout_s = timeout_s
-        from lumenrt.protocols.proto import grpc_service_pb2 as pb  # generated at build time
-
         self.request_bytes = encode_infer(model, inputs, None, version, None, stages)
         self._response = pb.ModelInferResponse
-        self._client: AsyncGrpcClient | None = None
+
+    @staticmethod
+    def _timing_of(response: Any) -> dict[str, int]:
+        return _timing({k: v.int64_param for k, v in response.parameters.items()})
+
+
+class GrpcTarget(_GrpcRequest):
+    """KServe V2 gRPC through lumenrt's own client: one HTTP/2 connection, the calls its streams."""
+
+    protocol = "grpc"
+    _client: AsyncGrpcClient | None = None
 
     async def open(self, connections: int) -> None:
         creds = self.credentials
@@ -285,8 +292,7 @@ class GrpcTarget:
     async def infer(self, index: int) -> dict[str, int]:
         assert self._client is not None
         message = await self._client.call("ModelInfer", self.request_bytes, self.timeout_s)
-        response = self._response.FromString(message)  # parsed, as grpcio's client does
-        return _timing({k: v.int64_param for k, v in response.parameters.items()})
+        return self._timing_of(self._response.FromString(message))  # parsed, as grpcio's client does
 
     async def close(self) -> None:
         if self._client is not None:
@@ -294,38 +300,12 @@ class GrpcTarget:
             self._client = None
 
 
-class GrpcioTarget:
+class GrpcioTarget(_GrpcRequest):
     """KServe V2 gRPC through grpcio's client (grpc.aio): one channel."""
 
     protocol = "grpcio"
-
-    def __init__(
-        self,
-        url: TargetUrl,
-        model: str,
-        version: str | None,
-        inputs: Mapping[str, Any],
-        stages: bool,
-        timeout_s: float | None,
-        credentials: Credentials = NO_CREDENTIALS,
-    ) -> None:
-        from lumenrt.protocols.proto import grpc_service_pb2 as pb  # generated at build time
-
-        self.url = url
-        self.credentials = credentials
-        self._metadata = credentials.grpc_metadata()
-        self.timeout_s = timeout_s
-        self._pb = pb
-        request = pb.ModelInferRequest(model_name=model, model_version=version or "")
-        for name, value in inputs.items():
-            array = np.ascontiguousarray(value)
-            request.inputs.add(name=name, datatype=_datatype(array), shape=list(array.shape))
-            request.raw_input_contents.append(_raw_bytes(array))
-        if stages:
-            request.parameters["lumenrt_timing"].bool_param = True
-        self.request_bytes: bytes = request.SerializeToString()
-        self._channel: Any = None
-        self._call: Any = None
+    _channel: Any = None
+    _call: Any = None
 
     async def open(self, connections: int) -> None:
         import grpc
@@ -342,12 +322,13 @@ class GrpcioTarget:
         self._call = self._channel.unary_unary(
             _GRPC_SERVICE + "ModelInfer",
             request_serializer=None,  # the request is already bytes
-            response_deserializer=self._pb.ModelInferResponse.FromString,
+            response_deserializer=self._response.FromString,
         )
 
     async def infer(self, index: int) -> dict[str, int]:
-        response = await self._call(self.request_bytes, timeout=self.timeout_s, metadata=self._metadata)
-        return _timing({k: v.int64_param for k, v in response.parameters.items()})
+        metadata = self.credentials.grpc_metadata()
+        response = await self._call(self.request_bytes, timeout=self.timeout_s, metadata=metadata)
+        return self._timing_of(response)
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -357,18 +338,6 @@ class GrpcioTarget:
 
 def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
-
-
-def _datatype(array: npt.NDArray[Any]) -> str:
-    from lumenrt.protocols import dtypes
-
-    return dtypes.from_numpy(array.dtype)
-
-
-def _raw_bytes(array: npt.NDArray[Any]) -> bytes:
-    from lumenrt.protocols.raw import to_raw
-
-    return bytes(to_raw(array)[1])
 
 
 def make_target(

@@ -28,6 +28,7 @@ import numpy as np
 
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
+from lumenrt.client.sockets import open_socket, open_transport, set_nodelay
 from lumenrt.protocols import dtypes
 from lumenrt.protocols import grpc_wire as wire
 from lumenrt.protocols.http2 import REFUSED_STREAM, H2Session, H2Stream, LocalSettings
@@ -369,15 +370,7 @@ class GrpcClient:
         if self._sock is not None and self._session is not None and self._session.usable:
             return
         self.close()
-        sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._ssl is not None:
-            try:
-                sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
-            except BaseException:
-                sock.close()
-                raise
-        sock.settimeout(self.network_timeout_s)
+        sock = open_socket(self.host, self.port, self.connect_timeout_s, self.network_timeout_s, self._ssl)
         self._sock = sock
         self._session = _ClientSession(sock.sendall)
         self._session.initiate()
@@ -460,10 +453,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_nodelay(transport)
         self.session = _ClientSession(self.transport.write)
         self.session.initiate()
 
@@ -534,16 +524,8 @@ class AsyncGrpcClient:
         async with self._connecting:
             if self._usable():
                 return
-            loop = asyncio.get_running_loop()
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(
-                    _Protocol,
-                    self.host,
-                    self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl is not None else None,
-                ),
-                self.connect_timeout_s,
+            _, protocol = await open_transport(
+                _Protocol, self.host, self.port, self._ssl, self.connect_timeout_s
             )
             try:  # the server's SETTINGS first: calls past its stream limit would be refused
                 await asyncio.wait_for(protocol.ready.wait(), self.connect_timeout_s)

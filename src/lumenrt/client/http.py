@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import http.client
 import json
-import socket
 import ssl as ssl_module
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import numpy as np
 
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
+from lumenrt.client.sockets import open_transport, set_nodelay
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.compact_json import compact_json
 from lumenrt.protocols.parameters import TIMING_PARAMETER
@@ -288,10 +288,7 @@ class _Response(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_nodelay(transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -489,10 +486,7 @@ class AsyncHttpClient:
         return await self._request(method, path, body, headers)
 
     async def _open(self) -> _Connection:
-        loop = asyncio.get_running_loop()
-        transport, protocol = await loop.create_connection(
-            _Response, self.host, self.port, ssl=self._ssl, server_hostname=self.host if self._ssl else None
-        )
+        transport, protocol = await open_transport(_Response, self.host, self.port, self._ssl, None)
         return _Connection(transport, protocol)
 
     async def get_json(self, path: str) -> Any:

@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
+from lumenrt.client.sockets import open_socket, open_transport, set_nodelay
 from lumenrt.protocols.tcp import (
     ERROR,
     FLAG_CLOSING,
@@ -153,15 +154,7 @@ class TcpClient:
     def connect(self) -> None:
         if self._sock is not None:
             return
-        sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._ssl is not None:
-            try:
-                sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
-            except BaseException:
-                sock.close()
-                raise
-        sock.settimeout(self.network_timeout_s)
+        sock = open_socket(self.host, self.port, self.connect_timeout_s, self.network_timeout_s, self._ssl)
         self._sock = sock
         self._decoder = FrameDecoder(
             self._on_frame, max_frame_bytes=MAX_PAYLOAD_BYTES, max_meta_bytes=MAX_META_BYTES
@@ -381,10 +374,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_nodelay(transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -455,16 +445,8 @@ class AsyncTcpClient:
         async with self._connecting:
             if self._protocol is not None and self._protocol.lost is None:
                 return
-            loop = asyncio.get_running_loop()
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _ClientProtocol(self),
-                    self.host,
-                    self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl is not None else None,
-                ),
-                self.connect_timeout_s,
+            _, protocol = await open_transport(
+                lambda: _ClientProtocol(self), self.host, self.port, self._ssl, self.connect_timeout_s
             )
             self._protocol = protocol
             if self._api_key is not None and protocol.transport is not None:

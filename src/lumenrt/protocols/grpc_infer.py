@@ -44,6 +44,27 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
+def _short_varint(data: bytes, at: int) -> tuple[int, int]:
+    """A varint at ``at`` (ValueError past the end); one octet without a call, the usual case."""
+    if at < len(data) and data[at] < 0x80:
+        return data[at], at + 1
+    return _varint(data, at)
+
+
+def _delimited_at(message: bytes, at: int) -> tuple[int, int, int] | None:
+    """The length-delimited field at ``at``: (tag, where its bytes start, where they stop); None if
+    it is another wire type or runs past the message."""
+    try:
+        tag, at = _short_varint(message, at)
+        length, at = _short_varint(message, at)
+    except ValueError:
+        return None
+    stop = at + length
+    if tag & 7 != 2 or stop > len(message):
+        return None
+    return tag, at, stop
+
+
 def split_request(message: bytes) -> RequestParts | None:
     """Cut a serialized ModelInferRequest (see the top); None when it is not laid out as expected
     (the caller then parses it with the generated class, which says what is wrong)."""
@@ -55,40 +76,22 @@ def split_request(message: bytes) -> RequestParts | None:
     for _ in range(_MAX_FIELDS):
         if at >= end:
             return RequestParts(b"".join(parts), request_id, raw)
-        start = at
-        tag = message[at]
-        if tag < 0x80:
-            at += 1
-        else:
-            try:
-                tag, at = _varint(message, at)
-            except ValueError:
-                return None
-        if tag & 7 != 2:
+        found = _delimited_at(message, at)
+        if found is None:
             return None
-        length = message[at] if at < end else 0x80
-        if length < 0x80:
-            at += 1
-        else:
-            try:
-                length, at = _varint(message, at)
-            except ValueError:
-                return None
-        stop = at + length
-        if stop > end:
-            return None
+        tag, start, stop = found
         field = tag >> 3
         if field == _RAW_INPUT:
-            raw.append(view[at:stop])
+            raw.append(view[start:stop])
         elif raw:
             return None  # a field after the raw contents: not the usual layout
         elif field == _ID:
             try:
-                request_id = message[at:stop].decode("utf-8") or None
+                request_id = message[start:stop].decode("utf-8") or None
             except UnicodeDecodeError:
                 return None
         else:
-            parts.append(message[start:stop])
+            parts.append(message[at:stop])
         at = stop
     return None
 
@@ -98,25 +101,13 @@ def raw_contents(message: bytes, at: int, count: int) -> list[memoryview] | None
     leading fields are a known signature's key); None if that is not what follows."""
     view = memoryview(message)
     raw: list[memoryview] = []
-    end = len(message)
     for _ in range(count):
-        if at >= end or message[at] != _RAW_TAG:
+        found = _delimited_at(message, at)
+        if found is None or found[0] != _RAW_TAG:
             return None
-        at += 1
-        length = message[at] if at < end else 0x80
-        if length < 0x80:
-            at += 1
-        else:
-            try:
-                length, at = _varint(message, at)
-            except ValueError:
-                return None
-        stop = at + length
-        if stop > end:
-            return None
-        raw.append(view[at:stop])
-        at = stop
-    return raw if at == end else None
+        _, start, at = found
+        raw.append(view[start:at])
+    return raw if at == len(message) else None
 
 
 _RAW_TAG = (_RAW_INPUT << 3) | 2
