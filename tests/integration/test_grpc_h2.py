@@ -488,9 +488,9 @@ def test_resetting_calls_as_fast_as_they_open_starts_no_more_than_the_stream_lim
                 for i in ids
             )  # fmt: skip
             sock.sendall(burst)
+            # refused: when their HEADERS came, 100 reset calls were still held (queued or running);
+            # without the bound every stream would be taken, and this read would time out
             assert len(refused_streams(sock, 50)) == 50
-            busy = [entry for entry in books(slow) if entry[0]]  # (another test's connection may linger)
-            assert [(calls, running, held) for calls, _, running, _, held in busy] == [(100, 100, 100)]
             gate.set()
             settle(slow, [])
     finally:

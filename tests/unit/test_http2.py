@@ -288,7 +288,7 @@ def test_the_first_frame_must_be_settings() -> None:
 
 def test_a_frame_over_our_limit_ends_the_connection_before_its_payload_arrives() -> None:
     server = started_server()
-    server.receive(frame_header(16385, DATA, 0, 1))  # the header alone
+    server.receive(frame_header(LocalSettings().max_frame_size + 1, DATA, 0, 1))  # the header alone
     assert goaway_code(server.take()) == http2.FRAME_SIZE_ERROR
 
 

@@ -128,7 +128,9 @@ class LocalSettings:
 
     max_concurrent_streams: int = 100  # streams the peer may have open at once (guessed)
     initial_window: int = 1 << 20  # each stream's receive window (guessed: one large tensor)
-    max_frame_size: int = MIN_FRAME_SIZE
+    # the largest frame we take (guessed: a 600 KB tensor in one DATA frame instead of 37; what a
+    # connection holds unparsed is one frame)
+    max_frame_size: int = 1 << 20
     header_table_size: int = 4096  # the HPACK table the peer's encoder may use
     max_header_list_bytes: int = 64 << 10  # decoded header list (names + values + 32 a field)
 
@@ -189,6 +191,8 @@ class H2Session:
         "_block_stream",
         "_blocked",
         "_rest",
+        "_rest_bytes",
+        "_rest_need",
         "client",
         "closed",
         "conn_recv_unacked",
@@ -237,7 +241,11 @@ class H2Session:
         self.conn_recv_window = DEFAULT_WINDOW
         self.conn_recv_unacked = 0
         self.table_update_owed = False  # the peer lowered SETTINGS_HEADER_TABLE_SIZE (hpack.py)
-        self._rest = b""  # the start of a frame not yet whole
+        # the start of a frame not yet whole: the reads that brought it (joined once it is whole,
+        # so that a large frame over many reads is copied once, not once a read)
+        self._rest: list[bytes] = []
+        self._rest_bytes = 0
+        self._rest_need = 0  # what the frame needs in all (9 until its header is in)
         self._block: list[bytes] | None = None  # a header block in CONTINUATION frames
         self._block_bytes = 0  # its size so far
         self._block_stream = 0
@@ -288,8 +296,12 @@ class H2Session:
         if self.closed:
             return
         if self._rest:
-            data = self._rest + data
-            self._rest = b""
+            self._rest.append(data)
+            self._rest_bytes += len(data)
+            if self._rest_bytes < self._rest_need:
+                return
+            data = b"".join(self._rest)
+            self._rest.clear()
         at = 0
         if self.preface_left:
             at = self._preface(data)
@@ -347,7 +359,13 @@ class H2Session:
             self.fail(exc.code, str(exc))
             return
         if at < end:
-            self._rest = data[at:]
+            self._rest.append(data[at:])
+            self._rest_bytes = end - at
+            if end - at >= 9:
+                hi, lo = data[at], int.from_bytes(data[at + 1 : at + 3], "big")
+                self._rest_need = 9 + ((hi << 16) | lo)
+            else:
+                self._rest_need = 9
 
     def _preface(self, data: bytes) -> int:
         expected = PREFACE[len(PREFACE) - self.preface_left :]
