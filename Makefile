@@ -16,7 +16,7 @@ BUILD_DEPS := 'scikit-build-core>=0.10' 'cmake>=3.18' ninja 'grpcio-tools>=1.85.
 E2E_DEPS := 'python-rapidjson>=0.9.1' 'urllib3>=2.0.7' 'packaging>=14.1' 'aiohttp>=3.8.1,<4' \
             'geventhttpclient>=1.4.4,<=2.0.2' 'nvidia-cuda-runtime-cu12>=12,<13'
 
-.PHONY: all install serve demo test check gpu-check test-native test-sanitize lint typecheck test-python test-unit test-servers test-e2e test-integration bench bench-serve bench-matrix bench-peers bench-latency bench-lane-turn bench-worker-modes bench-security bench-http-body bench-connections bench-shared-memory dashboard report triton-peer clean
+.PHONY: all install serve demo test check gpu-check test-native test-sanitize lint typecheck test-python test-unit test-servers test-e2e test-integration bench bench-serve bench-matrix bench-peers bench-latency bench-lane-turn bench-worker-modes bench-grpc-servers bench-security bench-http-body bench-connections bench-shared-memory dashboard report triton-peer clean
 
 all: install
 
@@ -157,6 +157,11 @@ bench-lane-turn: install
 # ARGS="--baseline-python P" adds another install's server (e.g. a venv of an earlier commit)
 bench-worker-modes: install
 	$(BIN)/python benchmarks/worker_modes.py $(ARGS)
+
+# lumenrt's own gRPC server against grpc.aio's, through lumenrt's and grpcio's clients, digits_mlp
+# c1/c8 (~3 min)
+bench-grpc-servers: install
+	$(BIN)/python benchmarks/grpc_servers.py $(ARGS)
 
 # TLS and API keys against a plain server: SqueezeNet HTTP c4, digits_mlp TCP c1/c4, HTTP c4 (~5 min)
 bench-security: install

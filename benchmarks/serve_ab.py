@@ -1,7 +1,7 @@
 """Server configurations against each other, through the server, in interleaved rounds.
 
-A module of the benchmarks in this folder (``lane_turn.py``, ``worker_modes.py``), which import it
-by plain name:
+A module of the benchmarks in this folder (``lane_turn.py``, ``worker_modes.py``,
+``grpc_servers.py``), which import it by plain name:
 
     variants = [Variant("thread", {"worker_mode": "thread"}), Variant("process", {"worker_mode": "process"})]
     runs = run_rounds(variants, targets=["tcp"], concurrency=[1, 8], rounds=5, load_s=5.0, model="digits_mlp")
@@ -9,8 +9,8 @@ by plain name:
     # or all of it, from a script's parsed arguments (targets, concurrency, rounds, load_s, out):
     compare(variants, args, model="digits_mlp", kind="worker-modes", title="digits_mlp, lane queue")
 
-Each round starts a fresh ``lumenrt serve --config <file with the variant's engine section>`` per
-variant, in the order given (a variant may name another install's interpreter: its ``lumenrt
+Each round starts a fresh ``lumenrt serve --config <file with the variant's engine and server
+sections>`` per variant, in the order given (a variant may name another install's interpreter: its ``lumenrt
 serve`` runs, driven by this install's load generator, so every row has the same client), and
 drives every target at every concurrency with ``lumenrt bench load`` (closed loop), reading where
 the CPU went: the server's CPU per request (all its processes and threads) and the load
@@ -42,13 +42,19 @@ class Variant:
     label: str
     engine: dict[str, Any] = field(default_factory=dict)  # the config file's "engine" section
     python: str | None = None  # another install's interpreter; None: this one
+    server: dict[str, Any] = field(default_factory=dict)  # its "server" section (`lumenrt serve` flags)
 
 
 def drive(
     server: Any, target: str, model: str, concurrency: int, seconds: float, out: Path
 ) -> dict[str, float]:
     """One closed-loop run: throughput, p50, p99, and CPU µs per request of server and load."""
-    url = f"http://{server.http_url}" if target == "http" else f"tcp://127.0.0.1:{server.ports['tcp']}"
+    url = {
+        "http": f"http://{server.http_url}",
+        "tcp": f"tcp://127.0.0.1:{server.ports['tcp']}",
+        "grpc": f"grpc://{server.grpc_url}",  # lumenrt's gRPC client
+        "grpcio": f"grpcio://{server.grpc_url}",  # grpcio's
+    }[target]
     args = ["--target", url, "--model", model, "--metadata-url", f"http://{server.http_url}",
             "--concurrency", str(concurrency), "--duration-s", str(seconds),
             "--warmup-s", str(WARMUP_S), "--no-stages", "--out", str(out)]  # fmt: skip
@@ -65,7 +71,7 @@ def turn(
 ) -> dict[str, dict[str, float]]:
     """One fresh server of ``variant``, every target at every concurrency: {"tcp c8": figures}."""
     config = tmp / "config.json"
-    config.write_text(json.dumps({"engine": variant.engine}))
+    config.write_text(json.dumps({"engine": variant.engine, "server": variant.server}))
     command = [variant.python, "-m", "lumenrt.cli"] if variant.python else None
     with start_serve("--config", str(config), "--models", model, command=command, cwd=str(ROOT)) as server:
         return {f"{t} c{c}": drive(server, t, model, c, seconds, tmp) for t in targets for c in concurrency}
