@@ -200,6 +200,14 @@ def status_of(events: list[Any], stream_id: int) -> tuple[int, str]:
     raise AssertionError(f"stream {stream_id} has no grpc-status in {events}")
 
 
+def answers_a_call(client: "RawH2", stream_id: int) -> None:
+    """A good ModelInfer call on ``stream_id`` is answered OK."""
+    client.request(stream_id)
+    client.conn.send_data(stream_id, infer_message(rows(1)), end_stream=True)
+    client.flush()
+    assert status_of(client.events(ended(stream_id)), stream_id) == (wire.OK, "")
+
+
 def infer_message(x: np.ndarray) -> bytes:
     request = encode_infer(MODEL, {"input": x})
     return wire.frame_prefix(len(request)) + request
@@ -236,10 +244,7 @@ def test_a_message_over_the_limit_is_refused_from_its_prefix_and_the_connection_
             code, message = status_of(events, 1)
             assert code == wire.RESOURCE_EXHAUSTED and "50000000 bytes" in message
             assert any(isinstance(e, h2.events.StreamReset) and e.error_code == 0 for e in events)
-            client.request(3)
-            client.conn.send_data(3, infer_message(rows(1)), end_stream=True)
-            client.flush()
-            assert status_of(client.events(ended(3)), 3) == (wire.OK, "")
+            answers_a_call(client, 3)  # the connection goes on
         finally:
             client.close()
 
@@ -328,10 +333,7 @@ def test_a_call_that_stops_arriving_times_out_and_the_connection_goes_on(engine:
             client.flush()
             code, message = status_of(client.events(ended(1), timeout_s=5), 1)
             assert code == wire.DEADLINE_EXCEEDED and "did not arrive whole" in message
-            client.request(3)
-            client.conn.send_data(3, infer_message(rows(1)), end_stream=True)
-            client.flush()
-            assert status_of(client.events(ended(3)), 3) == (wire.OK, "")
+            answers_a_call(client, 3)  # the connection goes on
         finally:
             client.close()
 
@@ -366,10 +368,7 @@ def test_a_cancelled_call_leaves_nothing_behind(raw: RawH2, h2_server: ServerThr
     raw.request(1)
     raw.conn.send_data(1, infer_message(rows(1))[:10])
     raw.conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
-    raw.request(3)
-    raw.conn.send_data(3, infer_message(rows(1)), end_stream=True)
-    raw.flush()
-    assert status_of(raw.events(ended(3)), 3) == (wire.OK, "")
+    answers_a_call(raw, 3)
     settle(h2_server, [])  # nothing held: no call, arriving or running, no bytes
 
 
