@@ -137,7 +137,8 @@ class _Call:
         self.received_ns = 0
         self.engine_request: Any = None  # set by the service's submit
         self.task: asyncio.Task[None] | None = None
-        self.prepared: PreparedInfer | None = None
+        self.prepared: PreparedInfer | None = None  # ModelInfer's, checked
+        # service.PendingAnswer's fields (from ``prepared`` when it goes to the workers)
         self.runtime: Any = None
         self.outputs: list[str] = []
         self.timing = False
@@ -192,9 +193,6 @@ class _Session(H2Session):
         logger.debug("gRPC connection from %s: HTTP/2 error %d: %s", self.conn.peer, code, message)
         self.conn.close()
 
-    def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
-        self.conn.peer_left = True
-
 
 class GrpcH2Server(Listener["GrpcConnection"]):
     """The gRPC front end's listener (the app's FrontEnd)."""
@@ -246,14 +244,12 @@ class GrpcConnection(Connection, asyncio.Protocol):
     __slots__ = (
         "_buffered",
         "_corked",
-        "_done",
         "_heads",
         "_in_flight",
         "_open",
         "calls",
         "loop",
         "peer",
-        "peer_left",
         "server",
         "service",
         "session",
@@ -269,9 +265,7 @@ class GrpcConnection(Connection, asyncio.Protocol):
         self._in_flight = 0  # calls dispatched and not answered yet
         self._open = 0  # calls whose request is still arriving
         self._buffered = 0  # the bytes their readers hold (at most limits.max_body_bytes: invariant 2)
-        self._done = 0  # requests received whole, ever (``_partial``)
         self.peer = "unknown"
-        self.peer_left = False  # the client sent GOAWAY
         self._corked: list[bytes] | None = None  # writes held while a read is handled (invariant 6)
         # request heads by the identity of the decoder's shared field list (its block cache): a
         # client's repeated call is parsed once; the list is kept so that its id is not reused
@@ -483,7 +477,6 @@ class GrpcConnection(Connection, asyncio.Protocol):
         """The call's request is whole: run it (invariant 1 from here)."""
         if call.state != ARRIVING:
             return
-        self._done += 1
         call.received_ns = time.monotonic_ns()
         try:
             message = call.reader.end() if call.reader is not None else call.message

@@ -11,6 +11,8 @@ trailers (``grpc-status``, ``grpc-message``) with END_STREAM, or, when it fails 
 the trailers alone in the first HEADERS ("trailers-only").
 """
 
+import base64
+import binascii
 import zlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
@@ -256,9 +258,6 @@ class HeadError(Exception):
 
 def parse_request_head(fields: list[tuple[bytes, bytes]]) -> CallHead:
     """Check a request's header fields as a gRPC call's (HeadError: how to refuse it)."""
-    import base64
-    import binascii
-
     method = path = content_type = None
     timeout_s: float | None = None
     coding: bytes | None = None

@@ -275,9 +275,6 @@ class H2Session:
     def on_error(self, code: int, message: str) -> None:
         """A connection error was sent (GOAWAY): close the transport once it is written."""
 
-    def on_window(self) -> None:
-        """A window opened and queued data went out (a client waits for this to send more)."""
-
     # ---- starting -----------------------------------------------------------------------------
 
     def initiate(self) -> None:
@@ -627,14 +624,9 @@ class H2Session:
         return stream
 
     def header_block(self, fields: Sequence[tuple[bytes, bytes]]) -> bytes:
-        """``fields`` encoded for this peer (a table size update first when owed)."""
-        return encode_block(fields, self._table_update())
-
-    def _table_update(self) -> int | None:
-        if self.table_update_owed:
-            self.table_update_owed = False
-            return 0
-        return None
+        """``fields`` encoded for this peer (hpack.encode_block: no dynamic table, so any block
+        made once may be kept and sent again; ``_header_frames`` puts in a size update when owed)."""
+        return encode_block(fields)
 
     def send(
         self,
@@ -646,8 +638,7 @@ class H2Session:
     ) -> None:
         """Send on ``stream``, in order: the header block ``head``, ``data`` and the header
         block ``trailers``; the last frame ends the stream when ``end_stream``. Data past the
-        windows waits (invariant 4), and the trailers with it. Blocks made once and kept (a
-        front end's fixed answers) are sent as they are unless a table size update is owed."""
+        windows waits (invariant 4), and the trailers with it."""
         if self.closed or stream.local_closed:
             return
         if stream.pending is not None:  # behind data still waiting for a window: queued after it
@@ -660,9 +651,6 @@ class H2Session:
             return
         out: list[bytes | memoryview] = []
         if head is not None:
-            if self.table_update_owed:
-                head = b"\x20" + head  # 6.3: a size update to 0, first in the block
-                self.table_update_owed = False
             flags = END_STREAM if end_stream and not data and trailers is None else 0
             self._header_frames(out, stream.id, head, flags)
         stream.local_closed = end_stream
@@ -676,9 +664,6 @@ class H2Session:
                 self._write_out(out)
                 return
         if trailers is not None:
-            if self.table_update_owed:
-                trailers = b"\x20" + trailers
-                self.table_update_owed = False
             self._header_frames(out, stream.id, trailers, END_STREAM)
         elif end_stream and not data and head is None:
             out.append(frame_header(0, DATA, END_STREAM, stream.id))
@@ -704,6 +689,9 @@ class H2Session:
         self.write(goaway_frame(self.last_peer_stream, code, debug))
 
     def _header_frames(self, out: list[bytes | memoryview], stream_id: int, block: bytes, flags: int) -> None:
+        if self.table_update_owed:  # the first block after the peer lowered its table size
+            block = b"\x20" + block  # (RFC 7541 6.3: a size update to 0, first in the block)
+            self.table_update_owed = False
         size = self.peer_max_frame
         if len(block) <= size:
             out.append(frame_header(len(block), HEADERS, flags | END_HEADERS, stream_id))
@@ -769,7 +757,6 @@ class H2Session:
                 self.streams.pop(stream_id, None)
         if out:
             self._write_out(out)
-            self.on_window()
 
     def forget(self, stream: H2Stream) -> None:
         """Drop what ``stream`` still has waiting to be sent (its call failed or was dropped)."""
