@@ -118,3 +118,44 @@ def test_an_answer_of_arrays_reads_back() -> None:
         b"".join(grpc_infer.encode_response(prefix, None, b"", [memoryview(probabilities).cast("B")]))
     )
     assert np.frombuffer(message.raw_output_contents[0], np.float32).tolist() == list(range(10))
+
+
+@settings(max_examples=200)
+@given(
+    names,
+    names,
+    st.lists(st.tuples(names, names, shapes, st.binary(min_size=1, max_size=300)), min_size=1, max_size=4),
+    st.lists(names, max_size=3),
+    st.integers(0, 400),
+)
+def test_a_heads_fields_and_the_raw_layout_are_where_protobuf_puts_them(
+    model: str, request_id: str, inputs: list, outputs: list, cut: int
+) -> None:
+    message = request(model, "", request_id, inputs, outputs, False)
+    parts = grpc_infer.split_request(message)
+    assert parts is not None
+    head = pb.ModelInferRequest.FromString(message)
+    head.ClearField("raw_input_contents")
+    head_length = len(head.SerializeToString())  # where the raw contents begin
+    cut = min(cut, len(message))
+    found = grpc_infer.split_head(message[: len(message) - cut])
+    if len(message) - cut <= head_length:  # cut before the first raw tag: not taken
+        assert found is None
+        return
+    assert found is not None
+    key, got_id, at = found
+    assert at == head_length
+    assert key == parts.key and got_id == (request_id or None)
+    layout, length = grpc_infer.raw_layout(at, [len(raw) for *_, raw in inputs])
+    assert length == len(message)
+    for (framing, start), (*_, raw) in zip(layout, inputs, strict=True):
+        assert message[start - len(framing) : start] == framing
+        assert message[start : start + len(raw)] == raw
+
+
+def test_a_head_cut_before_its_raw_contents_is_not_taken() -> None:
+    message = request("m", "", "", [("x", "FP32", [4], b"\0" * 16)], ["y"], False)
+    key = grpc_infer.split_request(message).key  # type: ignore[union-attr]
+    assert grpc_infer.split_head(message[: len(key) - 1]) is None
+    assert grpc_infer.split_head(message[: len(key)]) is None  # the raw contents' tag not in yet
+    assert grpc_infer.split_head(message[: len(key) + 1]) == (key, None, len(key))

@@ -490,3 +490,61 @@ def test_a_bad_priority_frame_on_an_idle_stream_is_a_connection_error() -> None:
     server = started_server()
     server.receive(frame(http2.PRIORITY, 0, 7, b"\0\0\0"))
     assert goaway_code(server.take()) == http2.FRAME_SIZE_ERROR
+
+
+# ---- a large DATA frame handed over in pieces ------------------------------------------------------
+
+
+def _data_events(server: Recorder) -> list[tuple[int, bytes, bool]]:
+    return [(e[1], e[2], e[3]) for e in server.events if e[0] == "data"]
+
+
+def test_a_large_data_frame_over_many_reads_arrives_in_pieces_ending_once() -> None:
+    server = started_server()
+    payload = bytes(range(256)) * 400  # 102,400 octets: over PIECES_ABOVE
+    raw = frame(HEADERS, http2.END_HEADERS, 1, BLOCK) + frame(DATA, http2.END_STREAM, 1, payload)
+    raw += frame(PING, 0, 0, b"abcdefgh")  # a frame after it, in the same reads
+    for at in range(0, len(raw), 7000):
+        server.receive(raw[at : at + 7000])
+    pieces = _data_events(server)
+    assert len(pieces) > 10  # handed over as the reads came, not kept whole
+    assert b"".join(p[1] for p in pieces) == payload
+    assert [p[2] for p in pieces] == [False] * (len(pieces) - 1) + [True]
+    assert server.streams[1].remote_closed
+    assert frames(server.take())[-1] == (PING, http2.ACK, 0, b"abcdefgh")  # parsing went on after it
+
+
+def test_pieces_count_against_the_windows_as_the_whole_frame_does() -> None:
+    whole, pieces = started_server(), started_server()
+    raw = frame(HEADERS, http2.END_HEADERS, 1, BLOCK) + frame(DATA, 0, 1, b"z" * 600_000)
+    whole.receive(raw)
+    for at in range(0, len(raw), 65536):
+        pieces.receive(raw[at : at + 65536])
+    assert pieces.take() == whole.take()  # the same WINDOW_UPDATEs
+    assert pieces.streams[1].recv_window == whole.streams[1].recv_window
+    assert pieces.conn_recv_window == whole.conn_recv_window
+    assert b"".join(p[1] for p in _data_events(pieces)) == b"z" * 600_000
+
+
+def test_a_stream_reset_while_its_frame_arrives_drops_the_rest_of_the_frame() -> None:
+    server = started_server()
+    raw = frame(HEADERS, http2.END_HEADERS, 1, BLOCK) + frame(DATA, http2.END_STREAM, 1, b"q" * 100_000)
+    server.receive(raw[:30_000])
+    got = len(b"".join(p[1] for p in _data_events(server)))
+    server.reset(server.streams[1], http2.NO_ERROR)  # answered early, as a hook may
+    server.receive(raw[30_000:] + frame(PING, 0, 0, b"12345678"))
+    assert len(b"".join(p[1] for p in _data_events(server))) == got  # nothing more for it
+    assert frames(server.take())[-1] == (PING, http2.ACK, 0, b"12345678")
+    assert not server.closed
+
+
+def test_a_large_frame_for_an_unknown_stream_in_pieces_is_dropped_and_parsing_goes_on() -> None:
+    server = started_server()
+    server.receive(frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, BLOCK))
+    server.reset(server.streams[1], http2.NO_ERROR)
+    raw = frame(DATA, 0, 1, b"w" * 50_000) + frame(PING, 0, 0, b"abcdefgh")
+    for at in range(0, len(raw), 4096):
+        server.receive(raw[at : at + 4096])
+    assert not _data_events(server)
+    assert not server.closed
+    assert frames(server.take())[-1] == (PING, http2.ACK, 0, b"abcdefgh")

@@ -40,6 +40,12 @@ Invariants (flow control, timeouts and the sweeper are ``connection.py``'s; HTTP
      updates, a PING's ACK) is held and written once at its end: a client with several calls in
      flight on one connection gets their answers for one system call, not one each. Answers that
      come back from the workers are written as they come.
+  7. A large ModelInfer message of a signature already seen is received into an arena slot lent
+     by its model (grpc_body.py) instead of a buffer: its tensor bytes are copied once, from the
+     read to where the engine adopts them. The slot goes back on every path that ends the call
+     (``_end``; the connection lost while it arrives: ``cancel_calls``), unless admission took
+     it, and nothing is written into it after. Octets not where the signature puts them make
+     the message rebuilt, as sent, for the ordinary path.
 
 Shutdown order (driven by ``ServerApp.shutdown``)
   1. the service stops accepting: ModelInfer is answered UNAVAILABLE from now on;
@@ -58,7 +64,8 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from lumenrt.ingress.connection import Connection, Listener
-from lumenrt.ingress.errors import GRPC_CODES, as_server_error
+from lumenrt.ingress.errors import GRPC_CODES, as_server_error, unavailable
+from lumenrt.ingress.grpc_body import SlotMessage
 from lumenrt.ingress.grpc_service import (
     GROUPS,
     SERVICE_NAME,
@@ -67,9 +74,12 @@ from lumenrt.ingress.grpc_service import (
     infer_response_bytes,
     pb,
     prepare_infer_bytes,
+    prepare_infer_slot,
+    receive_plan,
     rpc_methods,
     snake,
 )
+from lumenrt.ingress.lent_slot import RECEIVE_IN_SLOT_MIN
 from lumenrt.ingress.service import InferenceService, InferOutcome
 from lumenrt.protocols import grpc_wire as wire
 from lumenrt.protocols.errors import ServerError
@@ -79,6 +89,9 @@ logger = logging.getLogger(__name__)
 
 MAX_STREAMS = 100  # calls open at once on one connection (invariant 3; grpc's default too)
 HEADS_KEPT = 64  # parsed request heads kept per connection (as hpack's CACHE_BLOCKS)
+# a large ModelInfer's leading fields are looked for in this many octets of its first piece
+# (grpc_body.py; guessed: names, shapes and parameters of a few inputs take a few hundred)
+HEAD_SCAN_BYTES = 16 << 10
 _INFER_PATH = f"/{SERVICE_NAME}/ModelInfer"
 
 
@@ -116,6 +129,7 @@ class _Call:
         "rpc",
         "runtime",
         "seen_s",
+        "slot",
         "state",
         "stream",
         "task",
@@ -130,6 +144,7 @@ class _Call:
         self.rpc = rpc
         self.message: bytes | None = None  # the request, when its first DATA held it whole
         self.reader: wire.MessageReader | None = None  # else what takes it frame by frame
+        self.slot: SlotMessage | None = None  # or a lent slot (grpc_body.py; invariant 7)
         self.state = ARRIVING
         self.buffered = 0  # bytes of its request held while it arrives (the connection's budget)
         self.seen_s = 0.0  # the sweep that first saw it arriving (its receive timeout; invariant 4)
@@ -373,6 +388,9 @@ class GrpcConnection(Connection, asyncio.Protocol):
                     self.service.cancel(call)
                 if call.task is not None:
                     call.task.cancel()
+            elif call.slot is not None:  # its request will not arrive now: the slot goes back
+                call.slot.release()
+                call.slot = None
 
     # ---- the session's hooks --------------------------------------------------------------------
 
@@ -421,7 +439,24 @@ class GrpcConnection(Connection, asyncio.Protocol):
             self._received(call)
 
     def _take(self, call: _Call, data: memoryview) -> None:
-        """A DATA frame's bytes into the call's message (invariant 2)."""
+        """A DATA frame's bytes (or a piece of one) into the call's message: into its lent slot
+        (invariant 7), else a buffer within the connection's budget (invariant 2)."""
+        slot = call.slot
+        if slot is not None:
+            try:
+                slot.feed(data)
+            except ValueError as exc:
+                if isinstance(exc, wire.GrpcWireError):
+                    raise
+                raise wire.GrpcWireError(
+                    wire.UNAVAILABLE, "the model was unloaded while the request arrived"
+                ) from None
+            return
+        if call.reader is None and call.message is None and call.head.path == _INFER_PATH:
+            slot = call.slot = self._receive_in_slot(call, data)
+            if slot is not None:
+                self._take(call, data[wire.PREFIX_BYTES :])
+                return
         size = len(data)
         if self._buffered + size > self.limits.max_body_bytes:
             raise wire.GrpcWireError(
@@ -440,6 +475,36 @@ class GrpcConnection(Connection, asyncio.Protocol):
             reader = call.reader = wire.MessageReader(self.limits.max_body_bytes, call.head.coding)
             reader.message = call.message  # a frame after a whole message: the reader refuses it
         reader.feed(data)
+
+    def _receive_in_slot(self, call: _Call, data: memoryview) -> SlotMessage | None:
+        """A lent slot for a ModelInfer message whose first piece is ``data``, when it qualifies
+        (grpc_body.py, invariant 2): not whole in this piece, uncompressed, within the body limit,
+        large, its leading fields a known signature, a client the gate lets infer."""
+        if call.head.coding is not None or len(data) < wire.PREFIX_BYTES or data[0] != 0:
+            return None
+        length = int.from_bytes(data[1 : wire.PREFIX_BYTES], "big")
+        if not RECEIVE_IN_SLOT_MIN <= length <= self.limits.max_body_bytes:
+            return None
+        if length == len(data) - wire.PREFIX_BYTES:  # whole in one piece: whole_message takes it
+            return None
+        service = self.service
+        if self.closing or not service.accepting:
+            return None
+        head = bytes(data[wire.PREFIX_BYTES : wire.PREFIX_BYTES + HEAD_SCAN_BYTES])
+        found = receive_plan(service, head, length)
+        if found is None:
+            return None
+        plan, request_id, at, layout = found
+        gate = service.gate
+        if gate is not None and not gate.is_open("inference"):
+            key, _ = gate.from_metadata(call.head.metadata)
+            if key is None or not key.may("inference"):
+                return None  # refused in its turn, with the status that says why
+        try:
+            rt = service.runtime(plan.model_name, plan.model_version)
+        except ServerError:
+            return None
+        return SlotMessage.lend(rt, plan, request_id, head[:at], layout, length)
 
     def _reset(self, stream: H2Stream) -> None:
         """The client reset the call's stream (or the session did, for a stream error)."""
@@ -478,13 +543,25 @@ class GrpcConnection(Connection, asyncio.Protocol):
         if call.state != ARRIVING:
             return
         call.received_ns = time.monotonic_ns()
+        slot = call.slot
         try:
-            message = call.reader.end() if call.reader is not None else call.message
-            if message is None:
-                raise wire.GrpcWireError(wire.UNIMPLEMENTED, "a unary call without a request message")
+            if slot is not None:
+                if not slot.complete:
+                    raise wire.GrpcWireError(wire.INTERNAL, "the call ended inside its message")
+                message = None if slot.as_expected else slot.rebuild()  # invariant 7
+            else:
+                message = call.reader.end() if call.reader is not None else call.message
+                if message is None:
+                    raise wire.GrpcWireError(wire.UNIMPLEMENTED, "a unary call without a request message")
         except wire.GrpcWireError as exc:
             self._answer_call(call, exc.code, str(exc))
             return
+        except ValueError:  # the slot was revoked: the model closed (grpc_body invariant 4)
+            self._answer_call(call, wire.UNAVAILABLE, "the model was unloaded while the request arrived")
+            return
+        if message is not None and slot is not None:  # rebuilt: the ordinary path from here
+            slot.release()
+            call.slot = None
         call.state = RUNNING
         call.reader = call.message = None
         self._open -= 1
@@ -501,6 +578,7 @@ class GrpcConnection(Connection, asyncio.Protocol):
                 if call.head.path == _INFER_PATH:
                     self._infer(call, message)
                     return
+                assert message is not None  # a slot is lent to ModelInfer alone
                 request = rpc.request_class.FromString(message)
             except DecodeError as exc:
                 raise ServerError(400, f"{rpc.name}: the request message does not parse: {exc}") from None
@@ -509,12 +587,37 @@ class GrpcConnection(Connection, asyncio.Protocol):
             task.add_done_callback(self.server.tasks.discard)
         except Exception as exc:
             self._fail(call, as_server_error(exc))
+        finally:
+            if call.slot is not None:  # admission took it, or it goes back now (invariant 7)
+                call.slot.release()
+                call.slot = None
 
-    def _infer(self, call: _Call, message: bytes) -> None:
-        """ModelInfer: inline when the lane takes it, else to the workers with a call back."""
+    def _infer(self, call: _Call, message: bytes | None) -> None:
+        """ModelInfer: inline when the lane takes it, else to the workers with a call back; the
+        message, or (None) its inputs in the call's lent slot."""
         service = self.service
         remaining_s = call.time_remaining()
-        prepared = call.prepared = prepare_infer_bytes(service, message, call, remaining_s, call.received_ns)
+        slot = call.slot
+        if slot is None:
+            assert message is not None
+            prepared = prepare_infer_bytes(service, message, call, remaining_s, call.received_ns)
+        else:
+            payload = slot.payload
+            try:
+                payload.nbytes  # noqa: B018 - raises once the model closed and revoked it
+            except ValueError:
+                raise unavailable("the model was unloaded while the request arrived") from None
+            prepared = prepare_infer_slot(
+                service,
+                slot.plan,
+                payload,
+                slot.offsets,
+                slot.request_id,
+                call,
+                remaining_s,
+                call.received_ns,
+            )
+        call.prepared = prepared
         outcome = service.infer_inline(  # a small model: answered now when its queue is empty
             prepared.runtime,
             prepared.arrays,
@@ -530,7 +633,7 @@ class GrpcConnection(Connection, asyncio.Protocol):
             return
         call.runtime, call.outputs = prepared.runtime, prepared.outputs
         call.timing, call.priority = prepared.timing, prepared.priority
-        service.submit(call, prepared.arrays, prepared.timeout_s)  # ServerError: refused now
+        service.submit(call, prepared.arrays, prepared.timeout_s, slot)  # ServerError: refused now
 
     async def _run(self, call: _Call, request: Any) -> None:
         """Any rpc but ModelInfer: the servicer's coroutine, then its answer."""
@@ -602,6 +705,9 @@ class GrpcConnection(Connection, asyncio.Protocol):
         call.engine_request = None
         call.task = None
         call.reader = call.message = None
+        if call.slot is not None:
+            call.slot.release()
+            call.slot = None
 
     def _answer_status(self, stream: H2Stream, code: int, message: str) -> None:
         """A call answered with a status alone (trailers-only); reset if its request had not ended."""

@@ -42,7 +42,9 @@ from lumenrt.protocols.grpc_infer import (
     encode_response,
     int64_parameters,
     raw_contents,
+    raw_layout,
     response_prefix,
+    split_head,
     split_request,
 )
 from lumenrt.protocols.parameters import (
@@ -427,18 +429,7 @@ def prepare_infer_bytes(
                 break  # the wrong size: the full decode below names it
             wire.append(WireInput(name, datatype, shape, np.frombuffer(data, dt).reshape(shape)))
         else:
-            rt = service.runtime(plan.model_name, plan.model_version)
-            if service.limiter is not None:
-                service.admit_client(client_of(service, context), rt, "grpc", received_ns)
-            arrays = service.check_inputs(rt, wire)
-            outputs = service.check_outputs(rt, plan.outputs)
-            timeout_s = plan.timeout_s
-            if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
-                timeout_s = max(remaining_s, 0.0)
-            service.check_priority(rt, plan.priority, "parameters.priority")
-            return PreparedInfer(
-                rt, arrays, outputs, timeout_s, plan.timing, plan.priority, parts.request_id, None
-            )
+            return _from_plan(service, plan, wire, parts.request_id, context, remaining_s, received_ns)
     request = pb.ModelInferRequest.FromString(message)
     call = prepare_infer(service, request, context, remaining_s, received_ns)
     if parts is not None and (parts.key, limit) not in _plans:
@@ -450,6 +441,67 @@ def prepare_infer_bytes(
             if parts.request_id is None:
                 _last = (parts.key, limit, new)
     return call
+
+
+def _from_plan(
+    service: InferenceService,
+    plan: _Plan,
+    wire: list[WireInput],
+    request_id: str | None,
+    context: Any,
+    remaining_s: float | None,
+    received_ns: int,
+) -> PreparedInfer:
+    """``prepare_infer`` for a request of a known signature, its inputs cut out already."""
+    rt = service.runtime(plan.model_name, plan.model_version)
+    if service.limiter is not None:
+        service.admit_client(client_of(service, context), rt, "grpc", received_ns)
+    arrays = service.check_inputs(rt, wire)
+    outputs = service.check_outputs(rt, plan.outputs)
+    timeout_s = plan.timeout_s
+    if remaining_s is not None and (timeout_s is None or remaining_s < timeout_s):
+        timeout_s = max(remaining_s, 0.0)
+    service.check_priority(rt, plan.priority, "parameters.priority")
+    return PreparedInfer(rt, arrays, outputs, timeout_s, plan.timing, plan.priority, request_id, None)
+
+
+def receive_plan(
+    service: InferenceService, head: bytes, length: int
+) -> tuple[_Plan, str | None, int, list[tuple[bytes, int]]] | None:
+    """For a ModelInfer message of ``length`` octets arriving in pieces, ``head`` its first octets:
+    its plan when every field before its raw contents is a known signature and the signature's
+    raw contents make up the rest of the message exactly (grpc_body.py), with its id, where its raw
+    contents begin and their layout (``raw_layout``); else None."""
+    cut = split_head(head)
+    if cut is None:
+        return None
+    key, request_id, at = cut
+    plan = _plans.get((key, service.limits.max_elements))
+    if plan is None:
+        return None
+    layout, total = raw_layout(at, [nbytes for *_, nbytes in plan.inputs])
+    if total != length:
+        return None
+    return plan, request_id, at, layout
+
+
+def prepare_infer_slot(
+    service: InferenceService,
+    plan: _Plan,
+    payload: memoryview,
+    offsets: list[int],
+    request_id: str | None,
+    context: Any,
+    remaining_s: float | None,
+    received_ns: int,
+) -> PreparedInfer:
+    """``prepare_infer`` for a message received into a slot (grpc_body.py): its inputs are views of
+    ``payload`` at ``offsets``, where the engine adopts them."""
+    wire = [
+        WireInput(name, datatype, shape, np.frombuffer(payload[at : at + nbytes], dt).reshape(shape))
+        for (name, datatype, dt, shape, nbytes), at in zip(plan.inputs, offsets, strict=True)
+    ]
+    return _from_plan(service, plan, wire, request_id, context, remaining_s, received_ns)
 
 
 # the fixed part of answers by (model, version, outputs' names, datatypes and shapes); bounded like _plans

@@ -113,6 +113,49 @@ def raw_contents(message: bytes, at: int, count: int) -> list[memoryview] | None
 _RAW_TAG = (_RAW_INPUT << 3) | 2
 
 
+def split_head(head: bytes) -> tuple[bytes, str | None, int] | None:
+    """The start of a ModelInferRequest that arrives over many DATA frames, ``head`` being its
+    first bytes: (the signature key, the id, where the raw contents begin), when every field
+    before the raw contents is in ``head``; else None."""
+    parts: list[bytes] = []
+    request_id: str | None = None
+    at = 0
+    for _ in range(_MAX_FIELDS):
+        if at >= len(head):
+            return None
+        found = _delimited_at(head, at)
+        if found is None:
+            if at < len(head) and head[at] == _RAW_TAG:  # the raw contents, running past ``head``
+                return b"".join(parts), request_id, at
+            return None
+        tag, start, stop = found
+        field = tag >> 3
+        if field == _RAW_INPUT:
+            return b"".join(parts), request_id, at
+        if field == _ID:
+            try:
+                request_id = head[start:stop].decode("utf-8") or None
+            except UnicodeDecodeError:
+                return None
+        else:
+            parts.append(head[at:stop])
+        at = stop
+    return None
+
+
+def raw_layout(at: int, sizes: list[int]) -> tuple[list[tuple[bytes, int]], int]:
+    """Where the raw contents lie in a message whose raw contents begin at ``at`` and hold tensors of
+    ``sizes`` octets, each in the fewest octets protobuf writes: each one's tag and length (the
+    octets before its bytes) and where its bytes start, and the message's length."""
+    out: list[tuple[bytes, int]] = []
+    for size in sizes:
+        framing = _RAW_KEY + _uvarint(size)
+        at += len(framing)
+        out.append((framing, at))
+        at += size
+    return out, at
+
+
 # ---- the answer -----------------------------------------------------------------------------------
 
 
@@ -138,6 +181,7 @@ def _int64(value: int) -> bytes:
 
 
 _RAW_OUTPUT = _key(6)
+_RAW_KEY = _key(_RAW_INPUT)
 _ID_KEY = _key(_ID)
 
 

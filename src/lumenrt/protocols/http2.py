@@ -12,7 +12,10 @@ Invariants
   1. Nothing is kept for a size the peer claims before it passed a limit: a frame's length is
      checked against our SETTINGS_MAX_FRAME_SIZE before its payload is waited for, a header block
      spread over CONTINUATION frames against ``max_header_block_bytes`` as it grows, and the
-     decoded list against ``max_header_list_bytes`` (hpack.py).
+     decoded list against ``max_header_list_bytes`` (hpack.py). A large unpadded DATA frame is not
+     kept whole either: its payload goes to ``on_data`` piece by piece as the reads bring it
+     (``end_stream`` with the last piece only), so a tensor in one DATA frame is copied once, by
+     the hook, wherever the hook puts it.
   2. Every header block is decoded, also for a stream that is refused, reset or unknown, so that
      the HPACK state stays in step with the peer's; only then is the stream refused.
   3. Flow control, receiving: the peer may send at most the windows we granted; DATA past a window
@@ -76,6 +79,9 @@ CONNECTION_WINDOW = 16 << 20
 # CONTINUATIONs cost the receiver and never reach a size limit (guessed: a 64 KiB block in 16 KiB
 # frames takes 4; clients split blocks only past the frame size).
 MAX_CONTINUATIONS = 64
+# A DATA frame longer than this that a read does not bring whole is handed over in pieces
+# (invariant 1; guessed: below it, waiting for the frame costs one small join)
+PIECES_ABOVE = 16 << 10
 
 _HEADER = struct.Struct(">BHBBL")  # a frame's 9 octets: length (24 bits as 8 + 16), type, flags, stream
 _U32 = struct.Struct(">L")
@@ -190,6 +196,10 @@ class H2Session:
         "_block_flags",
         "_block_stream",
         "_blocked",
+        "_data_end_stream",
+        "_data_left",
+        "_data_length",
+        "_data_stream",
         "_rest",
         "_rest_bytes",
         "_rest_need",
@@ -246,6 +256,12 @@ class H2Session:
         self._rest: list[bytes] = []
         self._rest_bytes = 0
         self._rest_need = 0  # what the frame needs in all (9 until its header is in)
+        # a DATA frame handed over as its pieces arrive (invariant 1): its octets still to come,
+        # its length, its END_STREAM flag and its stream (None: the frame is dropped)
+        self._data_left = 0
+        self._data_length = 0
+        self._data_end_stream = False
+        self._data_stream: H2Stream | None = None
         self._block: list[bytes] | None = None  # a header block in CONTINUATION frames
         self._block_bytes = 0  # its size so far
         self._block_stream = 0
@@ -292,20 +308,25 @@ class H2Session:
         """Take what the transport read: every frame it completes is handled, in order."""
         if self.closed:
             return
-        if self._rest:
+        at = 0
+        view = memoryview(data)
+        if self._data_left:  # the rest of a DATA frame handed over in pieces (then no _rest)
+            at = self._data_more(view, 0, len(data))
+            if self.closed or at == len(data):
+                return
+        elif self._rest:
             self._rest.append(data)
             self._rest_bytes += len(data)
             if self._rest_bytes < self._rest_need:
                 return
             data = b"".join(self._rest)
+            view = memoryview(data)
             self._rest.clear()
-        at = 0
         if self.preface_left:
             at = self._preface(data)
             if self.closed or self.preface_left:
                 return
         end = len(data)
-        view = memoryview(data)
         limit = self.local.max_frame_size
         unpack = _HEADER.unpack_from
         try:
@@ -315,6 +336,14 @@ class H2Session:
                 if length > limit:
                     raise H2Error(FRAME_SIZE_ERROR, f"a frame of {length} octets; our limit is {limit}")
                 if end - at - 9 < length:
+                    if (
+                        frame_type == DATA
+                        and length > PIECES_ABOVE
+                        and not flags & PADDED
+                        and self.settings_seen
+                        and self._block is None
+                    ):
+                        at = self._data_first(view, at + 9, end, length, flags, stream_id & 0x7FFFFFFF)
                     break
                 start = at + 9
                 at = start + length
@@ -374,9 +403,55 @@ class H2Session:
         return len(got)
 
     def _data(self, payload: memoryview, flags: int, stream_id: int) -> None:
+        """A whole DATA frame."""
+        length = len(payload)
+        stream = self._data_begin(length, stream_id)
+        if stream is None:
+            return
+        if flags & PADDED:
+            payload = _unpad(payload, stream_id)
+        end_stream = bool(flags & END_STREAM)
+        self._data_end(stream, length, end_stream)
+        self.on_data(stream, payload, end_stream)
+        if end_stream and stream.local_closed and stream.pending is None:
+            self.streams.pop(stream_id, None)
+
+    def _data_first(
+        self, view: memoryview, at: int, end: int, length: int, flags: int, stream_id: int
+    ) -> int:
+        """A DATA frame of ``length`` octets whose payload starts at ``at`` and is not all here: its
+        flow control now, its payload as it arrives (invariant 1); where this read's bytes stop."""
+        self._data_stream = self._data_begin(length, stream_id)
+        self._data_left = self._data_length = length
+        self._data_end_stream = bool(flags & END_STREAM)
+        return self._data_more(view, at, end)
+
+    def _data_more(self, view: memoryview, at: int, end: int) -> int:
+        """The next piece of the DATA frame being handed over, from ``view[at:end]``; where it stops."""
+        take = min(self._data_left, end - at)
+        left = self._data_left = self._data_left - take
+        stream = self._data_stream
+        if stream is None or self.streams.get(stream.id) is not stream:  # dropped, or reset meanwhile
+            if not left:
+                self._data_stream = None
+            return at + take
+        if left:
+            if take:
+                self.on_data(stream, view[at : at + take], False)
+            return at + take
+        self._data_stream = None
+        end_stream = self._data_end_stream
+        self._data_end(stream, self._data_length, end_stream)
+        self.on_data(stream, view[at : at + take], end_stream)
+        if end_stream and stream.local_closed and stream.pending is None:
+            self.streams.pop(stream.id, None)
+        return at + take
+
+    def _data_begin(self, length: int, stream_id: int) -> "H2Stream | None":
+        """A DATA frame of ``length`` octets against the windows (invariant 3): its stream, or None
+        when the frame is dropped (a closed or unknown stream, a stream error)."""
         if stream_id == 0:
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
-        length = len(payload)
         self.conn_recv_window -= length
         if self.conn_recv_window < 0:
             raise H2Error(FLOW_CONTROL_ERROR, "DATA past the connection's window")
@@ -388,28 +463,26 @@ class H2Session:
         stream = self.streams.get(stream_id)
         if stream is None:
             self._unknown_stream(stream_id, "DATA")
-            return
+            return None
         if stream.remote_closed:
             self._stream_error(stream_id, STREAM_CLOSED, "DATA after the stream's END_STREAM")
-            return
+            return None
         stream.recv_window -= length
         if stream.recv_window < 0:
             self._stream_error(stream_id, FLOW_CONTROL_ERROR, "DATA past the stream's window")
-            return
-        if flags & PADDED:
-            payload = _unpad(payload, stream_id)
-        end_stream = bool(flags & END_STREAM)
+            return None
+        return stream
+
+    def _data_end(self, stream: "H2Stream", length: int, end_stream: bool) -> None:
+        """A DATA frame's last octets came: the stream ends, or its window is granted back."""
         if end_stream:
             stream.remote_closed = True
-        else:
-            stream.recv_unacked += length
-            if stream.recv_unacked >= self.local.initial_window // 2:
-                self.write(window_update_frame(stream_id, stream.recv_unacked))
-                stream.recv_window += stream.recv_unacked
-                stream.recv_unacked = 0
-        self.on_data(stream, payload, end_stream)
-        if end_stream and stream.local_closed and stream.pending is None:
-            self.streams.pop(stream_id, None)
+            return
+        stream.recv_unacked += length
+        if stream.recv_unacked >= self.local.initial_window // 2:
+            self.write(window_update_frame(stream.id, stream.recv_unacked))
+            stream.recv_window += stream.recv_unacked
+            stream.recv_unacked = 0
 
     def _headers(self, payload: memoryview, flags: int, stream_id: int) -> None:
         if stream_id == 0:
