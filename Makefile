@@ -167,7 +167,8 @@ bench-grpc-servers: install
 bench-security: install
 	$(BIN)/python benchmarks/security_overhead.py $(ARGS)
 
-# large HTTP bodies received into the arena slot, against another install (~3 min):
+# large HTTP bodies (ARGS="... --protocol grpc": gRPC messages) received into the arena slot,
+# against another install (~3 min):
 #   make bench-http-body ARGS="--baseline-python /path/to/venv/bin/python"
 bench-http-body: install
 	$(BIN)/python benchmarks/http_body.py $(ARGS)

@@ -1,16 +1,19 @@
-"""Large HTTP bodies: what receiving the tensor bytes straight into the arena slot saves.
+"""Large HTTP bodies (or gRPC messages): what receiving the tensor bytes straight into the arena slot
+saves.
 
     .venv/bin/python benchmarks/http_body.py --baseline-python /path/to/other/venv/bin/python
-        [--seconds 8] [--rounds 3] [--concurrency 1 4 8] [--mode thread] [--out results/]
+        [--protocol http|grpc] [--seconds 8] [--rounds 3] [--concurrency 1 4 8] [--mode thread]
+        [--out results/]
 
 Two ``lumenrt serve --models squeezenet`` processes, started once and kept: this checkout's and
 another install's (``--baseline-python``, e.g. a venv holding the commit before a change).
-``lumenrt bench load`` (closed loop, V2 binary over HTTP, SqueezeNet's 600 KB input) drives each
+``lumenrt bench load`` (closed loop, V2 binary over HTTP, or with ``--protocol grpc`` ModelInfer
+through lumenrt's gRPC client, SqueezeNet's 600 KB input) drives each
 concurrency against both in interleaved rounds; each figure is the median over the rounds:
 throughput, p50, p99, and the CPU time per request of the server's event-loop thread (the main
 thread: where the body is received, parsed and copied) and of the whole server process. The
 server's ``inputs_in_place`` statistic says how many requests were adopted where they were
-received (0 for an install without it). Writes ``http-body-<stamp>.json``.
+received (0 for an install without it). Writes ``http-body-<stamp>.json`` (``grpc-body-`` for gRPC).
 """
 
 import argparse
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8], help="default: 1 4 8")
     ap.add_argument("--mode", choices=["thread", "process"], default="thread", help="worker mode of both")
+    ap.add_argument(
+        "--protocol", choices=["http", "grpc"], default="http", help="the front end (default http)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results", help="folder for the result file")
     args = ap.parse_args(argv)
     if args.seconds <= 0 or args.rounds <= 0 or min(args.concurrency) <= 0:
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     for name, server in started.items():
                         pid = server.proc.pid
                         before = cpu_s(pid, pid)
-                        got = load(server, MODEL, "http", c, args.seconds, Path(tmp), [])
+                        got = load(server, MODEL, args.protocol, c, args.seconds, Path(tmp), [])
                         requests = got["throughput_per_s"] * (args.seconds + 1.0)  # warm-up included
                         got["loop_cpu_us"] = (cpu_s(pid, pid) - before) / requests * 1e6
                         runs.setdefault(f"c{c}", {}).setdefault(name, []).append(got)
@@ -101,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{m['loop_cpu_us']:8.1f} {m['server_cpu_us']:8.1f} {ratio:7.3f}"
             )
     print(f"requests adopted where they were received (inputs_in_place): {adopted}")
+    kind = f"{args.protocol}-body"
     doc = {
-        "kind": "http-body",
+        "kind": kind,
         "machine": machine_info(),
         "commit": git_commit(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "rounds": runs,
     }
-    path = write_result(args.out, "http-body", doc)
+    path = write_result(args.out, kind, doc)
     print(f"wrote {path}")
     return 0
 
