@@ -196,3 +196,23 @@ def test_a_model_unloaded_while_its_message_arrives_answers_unavailable_and_serv
                 assert answer.outputs["prob"].shape == (1, 1000)
         assert rt.inputs_in_place == before + 2  # the signature is still known: straight into the slot
         _wait_for(lambda: _slots_back(server))
+
+
+def test_a_server_shut_down_while_a_message_arrives_gives_its_slot_back() -> None:
+    settings = EngineConfig(thread_count=1, pin=False)
+    with Engine(models=[MODEL], settings=settings) as engine:
+        rt = engine.runtime(MODEL)
+        message = _message(_image(9))
+        framed = wire.frame_prefix(len(message)) + message
+        with ServerThread(engine, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as server:
+            with GrpcClient("127.0.0.1", server.ports["grpc"]) as client:
+                client.call("ModelInfer", message, 30.0)  # the signature, planned
+            raw = RawH2(server.ports["grpc"])
+            raw.events(lambda got: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in got))
+            raw.request(1)
+            raw.conn.send_data(1, framed[:100_000])
+            raw.flush()
+            _wait_for(lambda: rt.receiving == 1)
+        raw.close()  # (h2's client takes GOAWAY as the connection's end: the answer is not read here)
+        assert rt.receiving == 0
+        assert rt.arena is not None and rt.arena.stats()["in_use"] == 0

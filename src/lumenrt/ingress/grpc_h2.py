@@ -28,7 +28,8 @@ Invariants (flow control, timeouts and the sweeper are ``connection.py``'s; HTTP
      first, then its buffer grows with the bytes that arrive (``grpc_wire.MessageReader``), and a
      compressed one is inflated with the same bound. The calls arriving on one connection hold at
      most ``limits.max_body_bytes`` together; past that, the call that would pass it is answered
-     RESOURCE_EXHAUSTED.
+     RESOURCE_EXHAUSTED. A message received into a lent slot (invariant 7) is not counted there:
+     the arena's memory is allocated already, and the runtime lends at most a quarter of it.
   3. At most ``MAX_STREAMS`` calls are open on a connection (SETTINGS_MAX_CONCURRENT_STREAMS; more
      are refused with REFUSED_STREAM, which clients retry). A call the client reset while it runs
      counts until its answer comes back and is dropped, so that resetting streams as fast as
@@ -43,8 +44,10 @@ Invariants (flow control, timeouts and the sweeper are ``connection.py``'s; HTTP
   7. A large ModelInfer message of a signature already seen is received into an arena slot lent
      by its model (grpc_body.py) instead of a buffer: its tensor bytes are copied once, from the
      read to where the engine adopts them. The slot goes back on every path that ends the call
-     (``_end``; the connection lost while it arrives: ``cancel_calls``), unless admission took
-     it, and nothing is written into it after. Octets not where the signature puts them make
+     (``_end``; the connection lost or closing while it arrives: ``cancel_calls`` answers it
+     UNAVAILABLE), unless admission took it, and nothing is written into it after: DATA for a
+     call no longer ARRIVING is dropped, and an answer is encoded before its slot goes back (the
+     outputs may be views of it). Octets not where the signature puts them make
      the message rebuilt, as sent, for the ordinary path.
 
 Shutdown order (driven by ``ServerApp.shutdown``)
@@ -388,9 +391,8 @@ class GrpcConnection(Connection, asyncio.Protocol):
                     self.service.cancel(call)
                 if call.task is not None:
                     call.task.cancel()
-            elif call.slot is not None:  # its request will not arrive now: the slot goes back
-                call.slot.release()
-                call.slot = None
+            elif call.slot is not None:  # its request is not taken now: the slot goes back
+                self._answer_call(call, wire.UNAVAILABLE, "the server is closing the connection")
 
     # ---- the session's hooks --------------------------------------------------------------------
 
@@ -427,7 +429,7 @@ class GrpcConnection(Connection, asyncio.Protocol):
 
     def _data(self, stream: H2Stream, data: memoryview, end_stream: bool) -> None:
         call: _Call | None = stream.call
-        if call is None:
+        if call is None or call.state != ARRIVING:  # answered, or ended, before its request did
             return
         if len(data):
             try:
@@ -663,15 +665,16 @@ class GrpcConnection(Connection, asyncio.Protocol):
 
     def _answer_message(self, call: _Call, parts: list[bytes | memoryview]) -> None:
         """The call's message (its serialized parts) and OK, one write with the call's other frames."""
-        self._end(call)
         session, stream = self.session, call.stream
         if session is None or self.closing or stream.call is not call:
+            self._end(call)
             return
-        stream.call = None
         length = 0
         for part in parts:
             length += len(part)
-        data = b"".join([wire.frame_prefix(length), *parts])
+        data = b"".join([wire.frame_prefix(length), *parts])  # before _end: parts may be views of its slot
+        self._end(call)
+        stream.call = None
         session.send(stream, wire.RESPONSE_HEAD, data, wire.OK_TRAILERS)
 
     def _fail(self, call: _Call, error: ServerError) -> None:

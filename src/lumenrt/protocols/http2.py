@@ -21,7 +21,10 @@ Invariants
   3. Flow control, receiving: the peer may send at most the windows we granted; DATA past a window
      is FLOW_CONTROL_ERROR. The hooks take what ``on_data`` hands them at once, so the session
      grants the window back as data arrives: a stream's once half its window was used (and it is
-     still open), the connection's once half of ``CONNECTION_WINDOW`` was. A unary call whose
+     still open), the connection's once half of ``CONNECTION_WINDOW`` was. (A frame handed over
+     in pieces counts whole when its header arrives, so the connection's window may be granted
+     back while its payload is still coming: the peer then has at most one frame more in flight,
+     which the session does not hold.) A unary call whose
      message fits its window costs no WINDOW_UPDATE at all.
   4. Flow control, sending: DATA never goes past the peer's windows (the connection's and the
      stream's) nor its SETTINGS_MAX_FRAME_SIZE; what does not fit waits on its stream, in the
@@ -311,7 +314,11 @@ class H2Session:
         at = 0
         view = memoryview(data)
         if self._data_left:  # the rest of a DATA frame handed over in pieces (then no _rest)
-            at = self._data_more(view, 0, len(data))
+            try:
+                at = self._data_more(view, 0, len(data))
+            except H2Error as exc:
+                self.fail(exc.code, str(exc))
+                return
             if self.closed or at == len(data):
                 return
         elif self._rest:
