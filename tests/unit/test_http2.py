@@ -548,3 +548,19 @@ def test_a_large_frame_for_an_unknown_stream_in_pieces_is_dropped_and_parsing_go
     assert not _data_events(server)
     assert not server.closed
     assert frames(server.take())[-1] == (PING, http2.ACK, 0, b"abcdefgh")
+
+
+def test_a_large_send_goes_to_writelines_unjoined_and_a_small_one_is_joined() -> None:
+    lines: list[list[Any]] = []
+    writes: list[bytes] = []
+    session = H2Session(True, writes.append, writelines=lambda parts: lines.append(list(parts)))
+    session.receive(settings_frame([(http2.MAX_FRAME_SIZE, 16384), (http2.INITIAL_WINDOW_SIZE, 1 << 20)]))
+    session.receive(frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", 1 << 20)))
+    writes.clear()
+    big = bytes(200_000)
+    session.send(session.open_stream(), BLOCK, big)
+    (parts,) = lines
+    assert sum(len(p) for p in parts) > len(big)  # the frames' headers and the data as it was
+    assert any(isinstance(p, memoryview) and p.obj is big for p in parts)  # views, not copies
+    session.send(session.open_stream(), BLOCK, b"small")
+    assert len(lines) == 1 and len(writes) == 1

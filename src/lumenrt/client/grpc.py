@@ -148,8 +148,14 @@ class _Answer:
 class _ClientSession(H2Session):
     __slots__ = ("lost",)
 
-    def __init__(self, write: Callable[[bytes], None]) -> None:
-        super().__init__(client=True, write=write, local=LocalSettings(max_concurrent_streams=0))
+    def __init__(
+        self,
+        write: Callable[[bytes], None],
+        writelines: Callable[[list[bytes | memoryview]], None] | None = None,
+    ) -> None:
+        super().__init__(
+            client=True, write=write, local=LocalSettings(max_concurrent_streams=0), writelines=writelines
+        )
         self.lost: BaseException | None = None
 
     def on_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]], end_stream: bool) -> None:
@@ -282,6 +288,17 @@ class _Head:
         if api_key is not None:
             self.extra.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
         self._blocks: dict[tuple[str, float | None], bytes] = {}
+        self._framed: tuple[bytes, bytes] | None = None  # the last request, and it with its prefix
+
+    def framed(self, request: bytes) -> bytes:
+        """``request`` with gRPC's length prefix; a client that sends the same request object
+        again (a load generator) has it framed once, not copied again per call."""
+        last = self._framed
+        if last is not None and last[0] is request:
+            return last[1]
+        framed = wire.frame_prefix(len(request)) + request
+        self._framed = (request, framed)
+        return framed
 
     def block(self, session: H2Session, method: str, timeout_s: float | None) -> bytes:
         key = (method, timeout_s)
@@ -403,7 +420,7 @@ class GrpcClient:
             stream = session.open_stream()
             stream.call = _Answer(result.append)
             head = self._head.block(session, method, timeout_s)
-            session.send(stream, head, wire.frame_prefix(len(request)) + request)
+            session.send(stream, head, self._head.framed(request))
             while not result:
                 data = sock.recv(RECV_BYTES)
                 if not data:
@@ -454,7 +471,7 @@ class _Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         set_nodelay(transport)
-        self.session = _ClientSession(self.transport.write)
+        self.session = _ClientSession(self.transport.write, self.transport.writelines)
         self.session.initiate()
 
     def data_received(self, data: bytes) -> None:
@@ -583,7 +600,7 @@ class AsyncGrpcClient:
         stream = session.open_stream()
         stream.call = _Answer(_resolver(future))
         head = self._head.block(session, method, timeout_s)
-        session.send(stream, head, wire.frame_prefix(len(request)) + request)
+        session.send(stream, head, self._head.framed(request))
         try:
             answer = await future
         except asyncio.CancelledError:
