@@ -5,8 +5,8 @@ One server per worker mode, real loopback sockets, SqueezeNet's 600 KB input, th
 client, tritonclient's and hand-made HTTP/2."""
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import h2.events
 import numpy as np
@@ -21,6 +21,7 @@ from lumenrt.models.builtin import builtin_examples
 from lumenrt.protocols import grpc_wire as wire
 from lumenrt.protocols.proto import grpc_service_pb2 as pb
 from tests.integration.h2_clients import RawH2, ended, status_of
+from tests.integration.slot_checks import slots_back, wait_for
 
 MODEL = "squeezenet"
 
@@ -53,16 +54,8 @@ def _message(x: np.ndarray, request_id: str = "") -> bytes:
     return bytes(request.SerializeToString())
 
 
-def _wait_for(what: Callable[[], bool], timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def _slots_back(server: ServerThread) -> bool:
-    rt = _engine(server).runtime(MODEL)
-    return rt.receiving == 0 and rt.arena is not None and rt.arena.stats()["in_use"] == 0
+    return slots_back(_engine(server).runtime(MODEL))
 
 
 def test_messages_of_a_known_signature_are_received_in_their_slot_and_not_copied_again(
@@ -79,7 +72,7 @@ def test_messages_of_a_known_signature_are_received_in_their_slot_and_not_copied
             got = client.infer(MODEL, {"data": x}).outputs["prob"]
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert rt.inputs_in_place == before + 3  # each adopted where it was received (one frame from this client)
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_the_async_clients_concurrent_calls_are_received_in_their_slots(server: ServerThread) -> None:
@@ -103,7 +96,7 @@ def test_the_async_clients_concurrent_calls_are_received_in_their_slots(server: 
         )
     # each qualifies unless a read ends inside its first ~200 octets (its fields): rare, not never
     assert rt.inputs_in_place >= before + 3
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_tritonclient_messages_are_received_in_their_slot(server: ServerThread) -> None:
@@ -123,7 +116,7 @@ def test_tritonclient_messages_are_received_in_their_slot(server: ServerThread) 
     finally:
         client.close()
     assert rt.inputs_in_place > before  # grpc's frames vary in size: most, not all, qualify
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_a_request_id_is_kept_apart_from_the_signature_and_echoed(server: ServerThread) -> None:
@@ -138,7 +131,7 @@ def test_a_request_id_is_kept_apart_from_the_signature_and_echoed(server: Server
             )
             assert answer.id == f"req-{n}"
     assert rt.inputs_in_place == before + 3
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_octets_not_where_the_signature_puts_them_take_the_ordinary_path(server: ServerThread) -> None:
@@ -162,7 +155,7 @@ def test_octets_not_where_the_signature_puts_them_take_the_ordinary_path(server:
             answer.outputs["prob"], engine.infer(MODEL, {"data": x}).outputs["prob"], rtol=1e-5, atol=1e-6
         )
     assert rt.inputs_in_place == before + 1  # the good one only
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_a_client_gone_mid_message_gives_its_slot_back(server: ServerThread) -> None:
@@ -177,10 +170,22 @@ def test_a_client_gone_mid_message_gives_its_slot_back(server: ServerThread) -> 
         for at in range(0, 3 * 16384, 16384):  # three frames of h2's default size, then gone
             raw.conn.send_data(1, framed[at : at + 16384])
         raw.flush()
-        _wait_for(lambda: rt.receiving == 1)  # lent while the message arrives
+        wait_for(lambda: rt.receiving == 1)  # lent while the message arrives
     finally:
         raw.close()
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
+
+
+def _arriving(server: ServerThread, rt: Any, framed: bytes) -> RawH2:
+    """A call on a hand-made connection whose message's first 100,000 octets are sent (one frame:
+    the server's SETTINGS allow it), once it was lent a slot of ``rt``."""
+    raw = RawH2(server.ports["grpc"])
+    raw.events(lambda got: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in got))
+    raw.request(1)
+    raw.conn.send_data(1, framed[:100_000])
+    raw.flush()
+    wait_for(lambda: rt.receiving == 1)
+    return raw
 
 
 def test_a_model_unloaded_while_its_message_arrives_answers_unavailable_and_serves_again() -> None:
@@ -197,14 +202,8 @@ def test_a_model_unloaded_while_its_message_arrives_answers_unavailable_and_serv
         with GrpcClient("127.0.0.1", server.ports["grpc"]) as client:
             client.call("ModelInfer", message, 30.0)  # the signature, planned
         framed = wire.frame_prefix(len(message)) + message
-        raw = RawH2(server.ports["grpc"])
+        raw = _arriving(server, engine.runtime(MODEL), framed)
         try:
-            raw.events(lambda got: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in got))
-            raw.request(1)
-            raw.conn.send_data(1, framed[:100_000])  # one frame: the server's SETTINGS allow it
-            raw.flush()
-            rt = engine.runtime(MODEL)
-            _wait_for(lambda: rt.receiving == 1)
             service.unload(MODEL)  # closes the runtime: raises if the region could not unmap
             raw.conn.send_data(1, framed[100_000:], end_stream=True)
             raw.flush()
@@ -220,7 +219,7 @@ def test_a_model_unloaded_while_its_message_arrives_answers_unavailable_and_serv
                 answer = decode_infer(client.call("ModelInfer", message, 30.0))
                 assert answer.outputs["prob"].shape == (1, 1000)
         assert rt.inputs_in_place == before + 2  # the signature is still known: straight into the slot
-        _wait_for(lambda: _slots_back(server))
+        wait_for(lambda: _slots_back(server))
 
 
 def test_a_server_shut_down_while_a_message_arrives_gives_its_slot_back() -> None:
@@ -232,12 +231,6 @@ def test_a_server_shut_down_while_a_message_arrives_gives_its_slot_back() -> Non
         with ServerThread(engine, ServeOptions(http_port=None, grpc_port=0, tcp_port=None)) as server:
             with GrpcClient("127.0.0.1", server.ports["grpc"]) as client:
                 client.call("ModelInfer", message, 30.0)  # the signature, planned
-            raw = RawH2(server.ports["grpc"])
-            raw.events(lambda got: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in got))
-            raw.request(1)
-            raw.conn.send_data(1, framed[:100_000])
-            raw.flush()
-            _wait_for(lambda: rt.receiving == 1)
+            raw = _arriving(server, rt, framed)
         raw.close()  # (h2's client takes GOAWAY as the connection's end: the answer is not read here)
-        assert rt.receiving == 0
-        assert rt.arena is not None and rt.arena.stats()["in_use"] == 0
+        assert slots_back(rt)

@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from lumenrt.ingress.service import ServeLimits
 from lumenrt.models.builtin import builtin_examples
 from lumenrt.protocols import tcp as tp
 from tests.integration.flow_clients import read_response
+from tests.integration.slot_checks import slots_back, wait_for
 
 MODEL = "squeezenet"
 KEY = "k" * 24
@@ -95,17 +96,8 @@ def _output(headers: dict[str, str], body: bytes) -> np.ndarray:
     return np.frombuffer(body[header_length:], np.float32)
 
 
-def _wait_for(what: Callable[[], bool], timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def _slots_back(server: ServerThread) -> bool:
-    """No slot lent or in use (every request answered and released)."""
-    rt = _engine(server).runtime(MODEL)
-    return rt.receiving == 0 and rt.arena is not None and rt.arena.stats()["in_use"] == 0
+    return slots_back(_engine(server).runtime(MODEL))
 
 
 @pytest.mark.parametrize("form", ["binary", "raw"])
@@ -122,7 +114,7 @@ def test_a_body_received_in_its_slot_gives_the_engines_answer_and_is_not_copied_
     assert engine.runtime(MODEL).inputs_in_place == before + 1  # adopted where it was received
     stats = server.app.service.statistics(MODEL)["model_stats"][0]
     assert stats["lumenrt"]["inputs_in_place"] >= 1
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_a_body_whose_sizes_do_not_add_up_is_400_and_its_slot_comes_back(server: ServerThread) -> None:
@@ -130,7 +122,7 @@ def test_a_body_whose_sizes_do_not_add_up_is_400_and_its_slot_comes_back(server:
     status, _, body = _exchange(server, _binary_request(x, size=x.nbytes - 4))
     assert status == 400
     assert b"inputs[0]" in body and b"602108 bytes" in body
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_unknown_model_is_404_and_lends_no_slot(server: ServerThread) -> None:
@@ -144,8 +136,8 @@ def test_a_client_gone_mid_body_gives_its_slot_back(server: ServerThread) -> Non
     rt = _engine(server).runtime(MODEL)
     with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
         sock.sendall(raw[: len(raw) // 2])
-        _wait_for(lambda: rt.receiving == 1)  # lent while the body arrives
-    _wait_for(lambda: _slots_back(server))
+        wait_for(lambda: rt.receiving == 1)  # lent while the body arrives
+    wait_for(lambda: _slots_back(server))
 
 
 def _split_request(x: np.ndarray) -> tuple[bytes, bytes]:
@@ -169,7 +161,7 @@ def test_a_body_past_its_json_header_is_read_into_the_slot_not_through_the_parse
     before = rt.inputs_in_place
     with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=30) as sock:
         sock.sendall(head)
-        _wait_for(lambda: rt.receiving == 1)  # the headers and the JSON header are in
+        wait_for(lambda: rt.receiving == 1)  # the headers and the JSON header are in
         _send_in_pieces(sock, tensors)
         status, headers, body = read_response(sock)
     assert status == 200, body[:300]
@@ -178,7 +170,7 @@ def test_a_body_past_its_json_header_is_read_into_the_slot_not_through_the_parse
     )
     assert sum(fed) == len(head) - head.index(b"\r\n\r\n") - 4  # the JSON header only
     assert rt.inputs_in_place == before + 1
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_requests_pipelined_after_a_body_read_into_its_slot_are_answered_in_order(
@@ -200,7 +192,7 @@ def test_requests_pipelined_after_a_body_read_into_its_slot_are_answered_in_orde
     np.testing.assert_allclose(_output(answers[0][1], answers[0][2]), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(_output(answers[2][1], answers[2][2]), expected_second, rtol=1e-5, atol=1e-6)
     assert json.loads(answers[1][2]) == json.loads(answers[3][2]) == {"ready": True}
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_after_a_body_read_into_its_slot_that_asks_to_close_nothing_more_is_taken(
@@ -227,7 +219,7 @@ def test_after_a_body_read_into_its_slot_that_asks_to_close_nothing_more_is_take
             rest += chunk
         assert rest == b""  # no second answer: closed after the first
     assert len(lent) == 1  # the second body was never looked at
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_unloading_waits_for_a_read_into_a_revoked_slot_to_end() -> None:
@@ -257,12 +249,12 @@ def test_a_body_stalled_while_read_into_its_slot_is_408_and_its_slot_comes_back(
         head, tensors = _split_request(_image())
         with socket.create_connection(("127.0.0.1", st.ports["http"]), timeout=30) as sock:
             sock.sendall(head + tensors[: len(tensors) // 2])
-            _wait_for(lambda: rt.receiving == 1)
+            wait_for(lambda: rt.receiving == 1)
             status, headers, body = read_response(sock)  # nothing more sent
             assert status == 408, body
             assert headers.get("connection") == "close"
             assert sock.recv(1) == b""  # closed after the answer
-        _wait_for(lambda: _slots_back(st))
+        wait_for(lambda: _slots_back(st))
 
 
 @contextlib.contextmanager
@@ -293,7 +285,7 @@ def test_a_client_the_gate_refuses_is_lent_no_slot(server: ServerThread) -> None
         status, _, body = _exchange(server, keyed)
         assert status == 200, body[:300]
         assert rt.inputs_in_place == before + 1
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads() -> None:
@@ -311,7 +303,7 @@ def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads() -> No
         with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=60) as sock:
             sock.sendall(raw[: len(raw) // 2])
             rt = engine.runtime(MODEL)
-            _wait_for(lambda: rt.receiving == 1)
+            wait_for(lambda: rt.receiving == 1)
             service.unload(MODEL)  # closes the runtime: raises if the region could not unmap
             sock.sendall(raw[len(raw) // 2 :])
             status, _, body = read_response(sock)
@@ -320,13 +312,13 @@ def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads() -> No
         service.load(MODEL)
         status, _, body = _exchange(server, _binary_request(_image()))
         assert status == 200, body[:300]
-        _wait_for(lambda: _slots_back(server))
+        wait_for(lambda: _slots_back(server))
         # the same over TCP: the frame's payload arriving into its slot
         frame = _frame(7, _image())
         with _tcp_socket(server) as sock:
             sock.sendall(frame[: len(frame) // 2])
             rt = engine.runtime(MODEL)
-            _wait_for(lambda: rt.receiving == 1)
+            wait_for(lambda: rt.receiving == 1)
             service.unload(MODEL)
             sock.sendall(frame[len(frame) // 2 :])
             answer = _read_frame(sock)
@@ -336,7 +328,7 @@ def test_a_model_unloaded_while_its_body_arrives_answers_503_and_unloads() -> No
         service.load(MODEL)
         with TcpClient(port=server.ports["tcp"]) as client:
             assert client.infer(MODEL, {"data": _image()}).outputs["prob"].shape == (1, 1000)
-        _wait_for(lambda: _slots_back(server))
+        wait_for(lambda: _slots_back(server))
 
 
 # ---- TCP frames --------------------------------------------------------------------------------------
@@ -378,7 +370,7 @@ def test_a_tcp_payload_received_in_its_slot_gives_the_engines_answer_and_is_not_
         for _ in range(3):  # one connection, one slot lent at a time, every time
             client.infer(MODEL, {"data": x})
     assert rt.inputs_in_place == before + 4
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_a_tcp_request_its_checks_refuse_is_400_and_its_slot_comes_back(server: ServerThread) -> None:
@@ -392,7 +384,7 @@ def test_a_tcp_request_its_checks_refuse_is_400_and_its_slot_comes_back(server: 
     error = tp.decode_error(answer.meta)
     assert answer.request_id == 3 and error.status == 400 and "data" in error.message
     assert rt.inputs_in_place == before
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))
 
 
 def test_a_tcp_request_for_an_unknown_model_is_404_and_lends_no_slot(server: ServerThread) -> None:
@@ -413,8 +405,8 @@ def test_a_tcp_client_gone_mid_frame_gives_its_slot_back(server: ServerThread) -
     rt = _engine(server).runtime(MODEL)
     with _tcp_socket(server) as sock:
         _send_in_pieces(sock, frame[: len(frame) // 2])
-        _wait_for(lambda: rt.receiving == 1)  # lent while the payload arrives
-    _wait_for(lambda: _slots_back(server))
+        wait_for(lambda: rt.receiving == 1)  # lent while the payload arrives
+    wait_for(lambda: _slots_back(server))
 
 
 def test_a_tcp_connection_without_a_key_is_lent_no_slot(server: ServerThread) -> None:
@@ -434,4 +426,4 @@ def test_a_tcp_connection_without_a_key_is_lent_no_slot(server: ServerThread) ->
         with TcpClient(port=server.ports["tcp"]) as client, pytest.raises(InferenceError) as info:
             client.infer(MODEL, {"data": _image()})
         assert info.value.status == 401
-    _wait_for(lambda: _slots_back(server))
+    wait_for(lambda: _slots_back(server))

@@ -447,9 +447,9 @@ class GrpcConnection(Connection, asyncio.Protocol):
         if slot is not None:
             try:
                 slot.feed(data)
-            except ValueError as exc:
-                if isinstance(exc, wire.GrpcWireError):
-                    raise
+            except wire.GrpcWireError:
+                raise
+            except ValueError:  # the slot was revoked: the model closed (grpc_body invariant 4)
                 raise wire.GrpcWireError(
                     wire.UNAVAILABLE, "the model was unloaded while the request arrived"
                 ) from None

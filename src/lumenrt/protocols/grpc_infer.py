@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 _RAW_INPUT = 7
 _ID = 3
+_RAW_TAG = (_RAW_INPUT << 3) | 2  # its tag octet (length-delimited)
 _MAX_FIELDS = 4096  # top-level fields walked before giving up to the generated class (guessed)
 
 
@@ -65,27 +66,21 @@ def _delimited_at(message: bytes, at: int) -> tuple[int, int, int] | None:
     return tag, at, stop
 
 
-def split_request(message: bytes) -> RequestParts | None:
-    """Cut a serialized ModelInferRequest (see the top); None when it is not laid out as expected
-    (the caller then parses it with the generated class, which says what is wrong)."""
-    view = memoryview(message)
+def _leading_fields(message: bytes) -> tuple[bytes, str | None, int] | None:
+    """Walk the fields before the raw contents: (the signature key, the id, where the walk
+    stopped: the first raw field's tag, or the end); None for a field not laid out as expected.
+    A raw field is recognised by its tag alone, so it may run past ``message`` (a head)."""
     parts: list[bytes] = []
-    raw: list[memoryview] = []
     request_id: str | None = None
     at, end = 0, len(message)
     for _ in range(_MAX_FIELDS):
-        if at >= end:
-            return RequestParts(b"".join(parts), request_id, raw)
+        if at >= end or message[at] == _RAW_TAG:
+            return b"".join(parts), request_id, at
         found = _delimited_at(message, at)
         if found is None:
             return None
         tag, start, stop = found
-        field = tag >> 3
-        if field == _RAW_INPUT:
-            raw.append(view[start:stop])
-        elif raw:
-            return None  # a field after the raw contents: not the usual layout
-        elif field == _ID:
+        if tag >> 3 == _ID:
             try:
                 request_id = message[start:stop].decode("utf-8") or None
             except UnicodeDecodeError:
@@ -93,6 +88,26 @@ def split_request(message: bytes) -> RequestParts | None:
         else:
             parts.append(message[at:stop])
         at = stop
+    return None
+
+
+def split_request(message: bytes) -> RequestParts | None:
+    """Cut a serialized ModelInferRequest (see the top); None when it is not laid out as expected
+    (the caller then parses it with the generated class, which says what is wrong)."""
+    leading = _leading_fields(message)
+    if leading is None:
+        return None
+    key, request_id, at = leading
+    view = memoryview(message)
+    raw: list[memoryview] = []
+    for _ in range(_MAX_FIELDS):
+        if at >= len(message):
+            return RequestParts(key, request_id, raw)
+        found = _delimited_at(message, at)
+        if found is None or found[0] != _RAW_TAG:
+            return None  # a field after the raw contents: not the usual layout
+        _, start, at = found
+        raw.append(view[start:at])
     return None
 
 
@@ -110,37 +125,14 @@ def raw_contents(message: bytes, at: int, count: int) -> list[memoryview] | None
     return raw if at == len(message) else None
 
 
-_RAW_TAG = (_RAW_INPUT << 3) | 2
-
-
 def split_head(head: bytes) -> tuple[bytes, str | None, int] | None:
     """The start of a ModelInferRequest that arrives over many DATA frames, ``head`` being its
     first bytes: (the signature key, the id, where the raw contents begin), when every field
     before the raw contents is in ``head``; else None."""
-    parts: list[bytes] = []
-    request_id: str | None = None
-    at = 0
-    for _ in range(_MAX_FIELDS):
-        if at >= len(head):
-            return None
-        found = _delimited_at(head, at)
-        if found is None:
-            if at < len(head) and head[at] == _RAW_TAG:  # the raw contents, running past ``head``
-                return b"".join(parts), request_id, at
-            return None
-        tag, start, stop = found
-        field = tag >> 3
-        if field == _RAW_INPUT:
-            return b"".join(parts), request_id, at
-        if field == _ID:
-            try:
-                request_id = head[start:stop].decode("utf-8") or None
-            except UnicodeDecodeError:
-                return None
-        else:
-            parts.append(head[at:stop])
-        at = stop
-    return None
+    leading = _leading_fields(head)
+    if leading is None or leading[2] >= len(head):
+        return None
+    return leading
 
 
 def raw_layout(at: int, sizes: list[int]) -> tuple[list[tuple[bytes, int]], int]:
