@@ -72,6 +72,7 @@ from lumenrt.bench.serve_process import ServeProcess, start_serve
 from lumenrt.client.http import encode_infer
 from lumenrt.client.tcp import TcpClient
 from lumenrt.models.builtin import builtin_examples, ensure_builtin_repository
+from lumenrt.placement.cpu_idle import halts_at_once, read_cpu_idle
 from roundtrip import (
     _Child,
     _echo_server_main,
@@ -577,6 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     LOAD_REPEATS = max(1, args.load_repeats)
     skip = set(filter(None, args.skip.split(",")))
+    idle_note = halts_at_once(read_cpu_idle())
+    if idle_note is not None:  # the c1 rows pay it, every server alike (benchmarks/cpu_idle.py)
+        print(f"note: {idle_note}", file=sys.stderr)
     inputs = builtin_examples(MODEL, 1)
     model_path = ensure_builtin_repository() / MODEL / "1" / "model.onnx"
     if args.fastapi_python == DEFAULT_FASTAPI and not args.no_fastapi:

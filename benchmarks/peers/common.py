@@ -22,7 +22,7 @@ LOAD_DRIVER = "lumenrt bench"
 
 # (driver, protocol) per peer, in the order they run and appear in the table
 DRIVERS: dict[str, tuple[tuple[str, str], ...]] = {
-    "lumenrt": ((PA_DRIVER, "http"), (LOAD_DRIVER, "tcp"), (LOAD_DRIVER, "http")),
+    "lumenrt": ((PA_DRIVER, "http"), (LOAD_DRIVER, "tcp"), (LOAD_DRIVER, "http"), (LOAD_DRIVER, "grpc")),
     "triton": ((PA_DRIVER, "http"), (LOAD_DRIVER, "http")),
     "mlserver": ((LOAD_DRIVER, "http-json"), (LOAD_DRIVER, "grpc")),
     "fastapi": ((LOAD_DRIVER, "http-raw"),),

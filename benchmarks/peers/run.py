@@ -18,7 +18,7 @@ What it does, in order:
      sessions (``intra_op_num_threads=1``) per server as lumenrt's two workers: starts it, waits until
      it answers, drives it at each concurrency (closed loop, same duration and warm-up everywhere),
      stops it (SIGTERM, SIGKILL to its process group after a bound). Drivers:
-       lumenrt   ``lumenrt serve --workers 2``: perf_analyzer (HTTP), ``lumenrt bench load`` tcp + http
+       lumenrt   ``lumenrt serve --workers 2``: perf_analyzer (HTTP), ``lumenrt bench load`` tcp, http, grpc
        triton    ``../triton_peer.py`` (PyTriton, dynamic batching as lumenrt's config): perf_analyzer
                  (HTTP), ``lumenrt bench load`` http
        mlserver  ``mlserver start`` with ``mlserver_onnx.py``, ``parallel_workers: 2``: ``lumenrt bench

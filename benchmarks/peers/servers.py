@@ -55,7 +55,11 @@ def serve_lumenrt(model: ModelSpec, ctx: RunContext) -> Iterator[Server]:
     try:
         http = f"http://127.0.0.1:{server.ports['http']}"
         yield Server(
-            targets={"http": http, "tcp": f"tcp://127.0.0.1:{server.ports['tcp']}"},
+            targets={
+                "http": http,
+                "tcp": f"tcp://127.0.0.1:{server.ports['tcp']}",
+                "grpc": f"grpc://127.0.0.1:{server.ports['grpc']}",
+            },
             metadata_url=http,
             info=server_metadata(http),
         )
@@ -203,7 +207,7 @@ def peer_how(peer: str, model_names: Sequence[str]) -> str:
         "lumenrt": f"lumenrt serve --workers {SESSIONS} --models <model> (built-in repository: thread workers, "
         f"one ONNX Runtime session each, intra_op_num_threads {INTRA_OP_THREADS}, the configs' dynamic "
         "batching, queue delay 0); driven by perf_analyzer over HTTP (KServe V2 binary) and by "
-        "lumenrt bench load over tcp and http",
+        "lumenrt bench load over tcp, http and grpc (lumenrt's gRPC client)",
         "triton": f"Triton via PyTriton 0.7.0 (benchmarks/triton_peer.py, .venv-triton): {SESSIONS} "
         f"model instances, one ONNX Runtime session each (intra_op_num_threads {INTRA_OP_THREADS}), dynamic "
         "batching with lumenrt's max batch, preferred sizes and queue delay; driven by perf_analyzer "

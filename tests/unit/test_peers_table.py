@@ -234,10 +234,10 @@ def test_run_py_turns_its_flags_into_settings_and_an_estimate() -> None:
     assert isinstance(settings, drivers.LoadSettings)  # run.py and this test share benchmarks/peers' modules
     assert concurrency == [1, 4] and (settings.warmup_s, settings.duration_s) == (1.0, 3.0)
     assert settings.pa_window_ms == 1000
-    # per concurrency: lumenrt perf_analyzer 4 x 1 s + 2, its tcp and http load runs 1 + 3 + 1.5 s each,
-    # fastapi one load run; 15 s per server start
+    # per concurrency: lumenrt perf_analyzer 4 x 1 s + 2, its tcp, http and grpc load runs 1 + 3 + 1.5 s
+    # each, fastapi one load run; 15 s per server start
     assert run.estimate_s(args.peers, 1, len(concurrency), settings) == pytest.approx(
-        (6.0 + 2 * 5.5) * 2 + 15 + 5.5 * 2 + 15
+        (6.0 + 3 * 5.5) * 2 + 15 + 5.5 * 2 + 15
     )
 
 

@@ -44,7 +44,10 @@ def _load_average() -> list[float] | None:
 
 
 def machine_info() -> dict[str, Any]:
-    """Hostname, platform, kernel, CPU model, CPU counts, Python version, memory, load average."""
+    """Hostname, platform, kernel, CPU model, CPU counts, Python version, memory, load average,
+    and how idle CPUs sleep (placement/cpu_idle.py: on a VM it moves low-load latency)."""
+    from lumenrt.placement.cpu_idle import read_cpu_idle
+
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
@@ -57,6 +60,7 @@ def machine_info() -> dict[str, Any]:
         "python_implementation": platform.python_implementation(),
         "memory_total_bytes": _memory_total_bytes(),
         "load_average": _load_average(),
+        "cpu_idle": read_cpu_idle().as_dict(),
     }
 
 

@@ -443,6 +443,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             access.close()
         return 2
     _raise_fd_limit(limits)  # the flags are good: the server starts
+    _report_cpu_idle()
     from lumenrt.ingress.app import new_event_loop
 
     loop = new_event_loop()
@@ -464,6 +465,15 @@ def _raise_fd_limit(limits: ServeLimits) -> None:
     say(f"lumenrt serve: {line}")
     if warning is not None:
         logger.warning("%s", warning)
+
+
+def _report_cpu_idle() -> None:
+    """A note when idle CPUs halt at once (placement/cpu_idle.py): low-load latency pays for it."""
+    from lumenrt.placement.cpu_idle import halts_at_once, read_cpu_idle
+
+    note = halts_at_once(read_cpu_idle())
+    if note is not None:
+        say(f"lumenrt serve: note: {note}")
 
 
 def _model_dir(args: argparse.Namespace) -> Path | None:
