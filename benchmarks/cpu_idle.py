@@ -1,6 +1,7 @@
 """One-client round trips under each idle policy of a KVM guest's CPUs, in one run.
 
     sudo .venv/bin/python benchmarks/cpu_idle.py [--halt-poll-ns 0,200000] [--repeats 3] [--n 3000]
+        [--loop-spin-us N]
 
 digits_mlp batch 1 at one client, measured as benchmarks/latency.py measures it: the echo floor,
 lumenrt TCP, lumenrt HTTP binary and FastAPI inline (1 worker). Each value of the guest's
@@ -87,6 +88,9 @@ def ratios(rtt: dict[str, dict[str, float]]) -> dict[str, float]:
         "tcp_p50_over_echo": round(tcp / echo, 3),
         "http_p50_over_fastapi": round(http / fa, 3),
     }
+    if "lumenrt spin TCP" in rtt:
+        out["spin tcp_p50_over_fastapi"] = round(rtt["lumenrt spin TCP"]["p50_us"] / fa, 3)
+        out["spin http_p50_over_fastapi"] = round(rtt["lumenrt spin HTTP binary"]["p50_us"] / fa, 3)
     for name, row in rtt.items():
         out[f"{name} p99/p50"] = round(row["p99_us"] / row["p50_us"], 3)
     return out
@@ -102,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--n", type=int, default=3000, help="requests per row per block (default 3000)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; figures are their medians (default 3)")
+    p.add_argument(
+        "--loop-spin-us",
+        type=int,
+        default=0,
+        help="also measure a server given --loop-spin-us N (its event loop polls instead of the "
+        "CPU: rows 'lumenrt spin TCP' and 'lumenrt spin HTTP binary'; default 0, none)",
+    )
     p.add_argument("--fastapi-python", type=Path, default=DEFAULT_FASTAPI)
     p.add_argument("--out", type=Path, default=Path("results"))
     args = p.parse_args(argv)
@@ -133,11 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         rows: dict[str, Measure] = {
             "echo floor": lambda n: _measure_echo(echo.port, echo_request, resp_bytes, n, 0)
         }
-        for label, make, port in (
+        targets = [
             ("lumenrt TCP", tcp_measure, server.ports["tcp"]),
             ("lumenrt HTTP binary", http_measure, server.ports["http"]),
             ("FastAPI inline (1 worker)", fastapi_measure, api_port),
-        ):
+        ]
+        if args.loop_spin_us:
+            spin = stack.enter_context(lumenrt_server(None, extra=("--loop-spin-us", str(args.loop_spin_us))))
+            targets += [
+                ("lumenrt spin TCP", tcp_measure, spin.ports["tcp"]),
+                ("lumenrt spin HTTP binary", http_measure, spin.ports["http"]),
+            ]
+        for label, make, port in targets:
             measure, close = make(port, inputs)
             rows[label] = measure
             stack.callback(close)
