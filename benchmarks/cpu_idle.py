@@ -4,7 +4,7 @@
         [--loop-spin-us N]
 
 digits_mlp batch 1 at one client, measured as benchmarks/latency.py measures it: the echo floor,
-lumenrt TCP, lumenrt HTTP binary and FastAPI inline (1 worker). Each value of the guest's
+the HTTP echo floor, lumenrt TCP, lumenrt HTTP binary and FastAPI inline (1 worker). Each value of the guest's
 ``guest_halt_poll_ns`` (the cpuidle-haltpoll driver: how long an idle vCPU polls before it halts;
 placement/cpu_idle.py) gets a block of every row per round, and the values take turns each round.
 The value is written to ``/sys/module/haltpoll/parameters/guest_halt_poll_ns``, so this needs root
@@ -34,6 +34,7 @@ from latency import (  # beside this file
     fastapi_measure,
     fastapi_server,
     fastapi_venv,
+    http_answer,
     http_measure,
     lumenrt_server,
     tcp_measure,
@@ -83,10 +84,13 @@ def ratios(rtt: dict[str, dict[str, float]]) -> dict[str, float]:
     machine itself gives that line)."""
     fa, echo = rtt["FastAPI inline (1 worker)"]["p50_us"], rtt["echo floor"]["p50_us"]
     tcp, http = rtt["lumenrt TCP"]["p50_us"], rtt["lumenrt HTTP binary"]["p50_us"]
+    floor = rtt["HTTP echo floor"]["p50_us"]  # the same client against prebuilt answers
     out = {
         "tcp_p50_over_fastapi": round(tcp / fa, 3),
         "tcp_p50_over_echo": round(tcp / echo, 3),
         "http_p50_over_fastapi": round(http / fa, 3),
+        # each server's part of the round trip: above what the client and the loopback take
+        "http_over_floor_over_fastapi_over_floor": round((http - floor) / (fa - floor), 3),
     }
     if "lumenrt spin TCP" in rtt:
         out["spin tcp_p50_over_fastapi"] = round(rtt["lumenrt spin TCP"]["p50_us"] / fa, 3)
@@ -155,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
                 ("lumenrt spin TCP", tcp_measure, spin.ports["tcp"]),
                 ("lumenrt spin HTTP binary", http_measure, spin.ports["http"]),
             ]
+        http_echo = _Child(
+            _echo_server_main, (0, http_answer(server.ports["http"], inputs)), "lumenrt-http-echo"
+        )
+        stack.callback(http_echo.stop)
+        targets.insert(0, ("HTTP echo floor", http_measure, http_echo.port))
         for label, make, port in targets:
             measure, close = make(port, inputs)
             rows[label] = measure

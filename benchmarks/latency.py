@@ -8,13 +8,15 @@ digits_mlp, batch 1, in one run on this machine:
 1. **c1 round trips** against a loopback echo of the same bytes: lumenrt binary TCP
    (``TcpClient``), lumenrt HTTP (V2 binary tensor extension, keep-alive ``http.client``), lumenrt
    gRPC (lumenrt's own ``GrpcClient``, one HTTP/2 connection; and beside it through grpcio's client,
-   one channel, as tritonclient calls it), FastAPI with the same ONNX session
+   one channel, as tritonclient calls it), an **HTTP echo floor** (a uvloop server that answers
+   every request with lumenrt's prebuilt answer bytes once its headers and body are in, through the
+   same keep-alive ``http.client``: what that client and the loopback alone cost), FastAPI with the
+   same ONNX session
    inline (``benchmarks/peers/fastapi_app.py`` under uvicorn, one worker, raw bytes, keep-alive
    ``http.client``) and, with ``--baseline-python``, the same three lumenrt rows from another
    install (e.g. the commit before a change), and a **grpcio echo floor**: a grpc.aio server on
    uvloop that answers ModelInfer with lumenrt's serialized answer without decoding the request,
-   through grpcio's client (what grpcio alone costs a round trip; HTTP's floor is
-   the echo above). Rows are measured in interleaved blocks, ``--repeats``
+   through grpcio's client (what grpcio alone costs a round trip). Rows are measured in interleaved blocks, ``--repeats``
    rounds; each figure is the median of the rounds' p50 (p99). With ``--loop-spin-us N``, a second
    lumenrt server given ``--loop-spin-us N`` (its event loop polls for N µs after each request
    instead of sleeping: ingress/loop_spin.py) adds rows ``lumenrt spin`` here and in 4.
@@ -152,6 +154,28 @@ def _http_post(
 def http_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
     req = encode_infer(MODEL, inputs)
     return _http_post(port, req.path, req.body, dict(req.headers))
+
+
+def http_answer(port: int, inputs: dict[str, Any]) -> bytes:
+    """The bytes of the V2 binary answer lumenrt's HTTP front end gives ``inputs`` (status line,
+    headers and body): what the HTTP echo floor sends back, so the client parses the same."""
+    req = encode_infer(MODEL, inputs)
+    head = "".join(f"{k}: {v}\r\n" for k, v in req.headers.items())
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            f"POST {req.path} HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(req.body)}\r\n\r\n".encode()
+            + req.body
+        )
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += sock.recv(65536)
+        end = got.index(b"\r\n\r\n") + 4
+        length = int(got[:end].lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(got) < end + length:
+            got += sock.recv(65536)
+    if not got.startswith(b"HTTP/1.1 200 "):
+        raise RuntimeError(f"the HTTP answer to copy: {got[:200]!r}")
+    return got[: end + length]
 
 
 def fastapi_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
@@ -622,6 +646,12 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(echo.stop)
             echo_request = bytes(req_bytes)
             rows["echo floor"] = lambda n: _measure_echo(echo.port, echo_request, resp_bytes, n, 0)
+            http_echo = _Child(_echo_server_main, (0, http_answer(running["lumenrt"].ports["http"], inputs)),
+                               "lumenrt-http-echo")  # fmt: skip
+            stack.callback(http_echo.stop)
+            measure, close = http_measure(http_echo.port, inputs)
+            rows["HTTP echo floor"] = measure
+            closers.append(close)
             grpc_answer = grpc_echo_response(running["lumenrt"].ports["grpc"], inputs)
             grpc_echo = _Child(_grpc_echo_main, (grpc_answer,), "lumenrt-grpc-echo")
             stack.callback(grpc_echo.stop)
@@ -664,6 +694,9 @@ def main(argv: list[str] | None = None) -> int:
                         rtt[f"{label} HTTP binary"]["p50_us"] / fa, 3
                     )
             ratios["tcp_p50_over_echo"] = round(rtt["lumenrt TCP"]["p50_us"] / rtt["echo floor"]["p50_us"], 3)
+            ratios["http_p50_over_http_echo"] = round(
+                rtt["lumenrt HTTP binary"]["p50_us"] / rtt["HTTP echo floor"]["p50_us"], 3
+            )
             ratios["grpc_p50_over_http"] = round(
                 rtt["lumenrt gRPC"]["p50_us"] / rtt["lumenrt HTTP binary"]["p50_us"], 3
             )

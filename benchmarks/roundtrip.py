@@ -165,13 +165,46 @@ class _Echo(asyncio.Protocol):
             self.transport.write(self.response)
 
 
-def _echo_server_main(pipe: Connection, request_bytes: int, response_bytes: int) -> None:
+class _HttpEcho(_Echo):
+    """Answers every HTTP/1.1 request with ``response`` (prebuilt: status line, headers, body) once
+    its headers and ``Content-Length`` bytes of body are in; nothing else is parsed."""
+
+    def __init__(self, response: bytes) -> None:
+        super().__init__(0, response)
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        while True:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            length = 0
+            for line in bytes(buffer[:end]).split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(buffer) < end + 4 + length:
+                return
+            del buffer[: end + 4 + length]
+            assert self.transport is not None
+            self.transport.write(self.response)
+
+
+def _echo_server_main(pipe: Connection, request_bytes: int, response: int | bytes) -> None:
+    """An echo server on uvloop: with ``request_bytes`` > 0, ``response`` (bytes, or that many zero
+    bytes) for every ``request_bytes`` received; with 0, an HTTP echo (``_HttpEcho``)."""
     import uvloop
 
     loop = uvloop.new_event_loop()
-    response = bytes(response_bytes)
+    answer = bytes(response) if isinstance(response, int) else response
     server = loop.run_until_complete(
-        loop.create_server(lambda: _Echo(request_bytes, response), "127.0.0.1", 0)
+        loop.create_server(
+            (lambda: _Echo(request_bytes, answer)) if request_bytes else (lambda: _HttpEcho(answer)),
+            "127.0.0.1",
+            0,
+        )
     )
     pipe.send(cast(Any, server).sockets[0].getsockname()[1])
     _stop_on_input(loop, pipe)
