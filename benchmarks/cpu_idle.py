@@ -10,7 +10,8 @@ placement/cpu_idle.py) gets a block of every row per round, and the values take 
 The value is written to ``/sys/module/haltpoll/parameters/guest_halt_poll_ns``, so this needs root
 and the haltpoll driver (anything else is refused before a server starts); the value found there
 is put back when the run ends, by an exception or SIGTERM too. Prints per value the medians of
-the rounds and the ratios of issue #12's c1 lines, and writes ``cpu-idle-<stamp>.json``.
+the rounds (p50, p99, the share of round trips over 1.5x the p50, and the timer interrupts a
+second while they ran) and the ratios of issue #12's c1 lines, and writes ``cpu-idle-<stamp>.json``.
 """
 
 import argparse
@@ -73,6 +74,36 @@ def check_settable() -> str | None:
     except OSError as exc:
         return f"{HALT_POLL}: {exc} (run as root)"
     return None
+
+
+BLOCK_FIGURES = ("p50_us", "p99_us", "over_1.5x_p50", "timer_irq_per_s")
+
+
+def timer_interrupts() -> int:
+    """Local timer interrupts so far, every CPU (``/proc/interrupts``' LOC line; 0 where absent)."""
+    try:
+        with open("/proc/interrupts") as f:
+            for line in f:
+                name, _, rest = line.strip().partition(":")
+                if name == "LOC":
+                    return sum(int(x) for x in rest.split() if x.isdigit())
+    except OSError:
+        pass
+    return 0
+
+
+def block(measure: Measure, n: int) -> dict[str, float]:
+    """``n`` round trips: their percentiles, the share of them over 1.5x their p50 (the c1 line
+    p99/p50 <= 1.5 holds exactly when that share is under 1%), and the timer interrupts a second
+    meanwhile (on a VM each costs tens of µs; a round trip that one lands in is a slow one)."""
+    ticks, start = timer_interrupts(), time.monotonic()
+    latencies = measure(n)
+    elapsed, ticks = time.monotonic() - start, timer_interrupts() - ticks
+    out = stats(latencies)
+    limit = 1.5 * out["p50_us"] * 1000
+    out["over_1.5x_p50"] = round(sum(1 for x in latencies if x > limit) / len(latencies), 4)
+    out["timer_irq_per_s"] = round(ticks / elapsed, 1) if elapsed > 0 else 0.0
+    return out
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
@@ -175,18 +206,19 @@ def main(argv: list[str] | None = None) -> int:
                     for measure in rows.values():
                         measure(WARMUP)
                     for name, measure in rows.items():
-                        rounds[value][name].append(stats(measure(args.n)))
+                        rounds[value][name].append(block(measure, args.n))
     result: dict[str, Any] = {
         "model": MODEL,
         "n": args.n,
         "repeats": args.repeats,
+        "loop_spin_us": args.loop_spin_us,
         "found": found,
         "settings": {},
     }
     for value, by_row in rounds.items():
         rtt = {
             name: {
-                **{k: float(np.median([g[k] for g in got])) for k in ("p50_us", "p99_us")},
+                **{k: float(np.median([g[k] for g in got])) for k in BLOCK_FIGURES},
                 "rounds_p50_us": [g["p50_us"] for g in got],  # type: ignore[dict-item]
             }
             for name, got in by_row.items()
@@ -194,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         got_ratios = ratios(rtt)
         result["settings"][str(value)] = {"round_trips": rtt, "ratios": got_ratios}
         title = f"guest_halt_poll_ns={value}: c1 round trips (us; medians of rounds)"
-        print(markdown_table(title, rtt, ("p50_us", "p99_us", "rounds_p50_us")))
+        print(markdown_table(title, rtt, (*BLOCK_FIGURES, "rounds_p50_us")))
         print(json.dumps(got_ratios, indent=1))
     head = {"kind": "cpu-idle", "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = write_result(
