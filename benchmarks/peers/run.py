@@ -153,7 +153,7 @@ def load_settings(args: argparse.Namespace) -> tuple[LoadSettings, list[int]]:
         processes=args.load_processes,
         pa_window_ms=max(500, int(duration_s * 1000 / 3)),
         pa_stability_pct=100.0 if args.quick else 25.0,
-        pa_max_trials=3 if args.quick else 6,
+        pa_max_trials=3 if args.quick else 10,
     )
     return settings, concurrency
 

@@ -170,8 +170,8 @@ def test_tritonclient_infers_over_tls(server: ServerThread, certs: Certs, via: A
 
 
 def test_large_requests_land_in_their_slots_over_tls(certs: Certs) -> None:
-    """A 600 KB body over HTTPS and a 600 KB frame over TCP+TLS: the TLS transport reads the
-    decrypted tensor bytes straight into the arena slot (ingress/lent_slot.py), as plain text."""
+    """A 600 KB body over HTTPS, a 600 KB frame over TCP+TLS and a 600 KB gRPC message over TLS:
+    the tensor bytes land in the arena slot (ingress/lent_slot.py, grpc_body.py), as plain text."""
     big = "squeezenet"
     x = builtin_examples(big, 1)["data"]
     with (
@@ -190,6 +190,14 @@ def test_large_requests_land_in_their_slots_over_tls(certs: Certs) -> None:
                 tcp.infer(big, {"data": x}).outputs["prob"], expected, rtol=1e-5, atol=1e-6
             )
         assert rt.inputs_in_place == 2
+        # the blocking gRPC client sends a large message's frames part by part over TLS
+        # (sockets.send_parts); a signature's first message takes the ordinary path, the next lands
+        with GrpcClient("127.0.0.1", st.ports["grpc"], ssl=ctx) as grpc_client:
+            for _ in range(2):
+                np.testing.assert_allclose(
+                    grpc_client.infer(big, {"data": x}).outputs["prob"], expected, rtol=1e-5, atol=1e-6
+                )
+        assert rt.inputs_in_place == 3
 
 
 def test_a_client_that_does_not_trust_the_ca_refuses_the_server(server: ServerThread, certs: Certs) -> None:

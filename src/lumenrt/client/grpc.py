@@ -18,6 +18,7 @@ that the server ends with a connection error, fails the calls on it with Connect
 
 import asyncio
 import contextlib
+import functools
 import socket
 import ssl as ssl_module
 import time
@@ -28,7 +29,7 @@ import numpy as np
 
 from lumenrt.client.errors import InferenceError
 from lumenrt.client.result import InferResult
-from lumenrt.client.sockets import open_socket, open_transport, set_nodelay
+from lumenrt.client.sockets import open_socket, open_transport, send_parts, set_nodelay
 from lumenrt.protocols import dtypes
 from lumenrt.protocols import grpc_wire as wire
 from lumenrt.protocols.http2 import REFUSED_STREAM, H2Session, H2Stream, LocalSettings
@@ -389,7 +390,8 @@ class GrpcClient:
         self.close()
         sock = open_socket(self.host, self.port, self.connect_timeout_s, self.network_timeout_s, self._ssl)
         self._sock = sock
-        self._session = _ClientSession(sock.sendall)
+        # a large message's frames go out unjoined (H2Session's writelines; sockets.send_parts)
+        self._session = _ClientSession(sock.sendall, functools.partial(send_parts, sock))
         self._session.initiate()
         self._last_io = time.monotonic()
 
