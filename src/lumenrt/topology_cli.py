@@ -8,7 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from lumenrt.placement.topology import Topology, TopologyError, describe, dumps, read_topology
+from lumenrt.placement.cpu_idle import describe_idle, read_cpu_idle
+from lumenrt.placement.topology import Topology, TopologyError, describe, read_topology
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +64,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         return _running(args, topo)
     if args.plan:
         return _plan(args)
-    print(dumps(topo) if args.json else describe(topo))
+    idle = read_cpu_idle(args.root)  # how idle CPUs sleep: a VM's wake-ups (placement/cpu_idle.py)
+    if args.json:
+        print(json.dumps({**topo.to_json(), "cpu_idle": idle.as_dict()}, indent=1))
+    else:
+        print(describe(topo) + "\n" + describe_idle(idle))
     return 0
 
 

@@ -3,7 +3,7 @@ server prints when a guest halts without polling."""
 
 from pathlib import Path
 
-from lumenrt.placement.cpu_idle import CpuIdle, halts_at_once, read_cpu_idle
+from lumenrt.placement.cpu_idle import CpuIdle, describe_idle, halts_at_once, read_cpu_idle
 
 
 def _tree(root: Path, driver: str, poll_ns: str | None, states: dict[int, tuple[str, str]]) -> Path:
@@ -52,3 +52,15 @@ def test_no_sysfs_reads_as_unknown(tmp_path: Path) -> None:
     idle = read_cpu_idle(tmp_path)
     assert idle == CpuIdle(None, None, None, ())
     assert halts_at_once(idle) is None
+
+
+def test_the_topology_line_says_what_was_read() -> None:
+    halting = CpuIdle("haltpoll", "haltpoll", 0, ("POLL", "haltpoll"))
+    assert describe_idle(halting) == (
+        "idle CPUs: driver haltpoll, governor haltpoll, guest_halt_poll_ns 0 (halt at once: README, CPU "
+        "idle on a virtual machine); CPU 0's states: POLL, haltpoll"
+    )
+    assert describe_idle(CpuIdle("intel_idle", "menu", None, ("C1", "C6"))) == (
+        "idle CPUs: driver intel_idle, governor menu; CPU 0's states: C1, C6"
+    )
+    assert describe_idle(CpuIdle(None, None, None, ())).startswith("idle CPUs: not reported")

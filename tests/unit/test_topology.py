@@ -136,10 +136,12 @@ def test_the_command_prints_a_table_or_json(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "lumenrt.cli", "topology", "--root", str(root)]
     table = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     assert "| 1 | 4-7 | 4 |" in table and "busy threads at most: 1" in table
+    assert "idle CPUs: not reported" in table  # the fake tree has no cpuidle driver
     doc = json.loads(
         subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True, timeout=60).stdout
     )
     assert doc["usable_cpus"] == [2, 3, 4] and doc["quota_cpus"] == 1.5
+    assert doc["cpu_idle"] == {"driver": None, "governor": None, "guest_halt_poll_ns": None, "states": []}
     bad = subprocess.run(
         [*cmd[:-2], "--root", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60
     )

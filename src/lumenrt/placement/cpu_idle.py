@@ -70,6 +70,18 @@ def read_cpu_idle(root: Path | str = "/") -> CpuIdle:
     )
 
 
+def describe_idle(idle: CpuIdle) -> str:
+    """One line for ``lumenrt topology``."""
+    if idle.driver is None:
+        return "idle CPUs: not reported (no cpuidle driver in sysfs)"
+    line = f"idle CPUs: driver {idle.driver}, governor {idle.governor or '-'}"
+    if idle.guest_halt_poll_ns is not None:
+        line += f", guest_halt_poll_ns {idle.guest_halt_poll_ns}"
+        if halts_at_once(idle):
+            line += " (halt at once: README, CPU idle on a virtual machine)"
+    return line + f"; CPU 0's states: {', '.join(idle.states) or '-'}"
+
+
 def halts_at_once(idle: CpuIdle) -> str | None:
     """A sentence for the operator when idle vCPUs halt without polling first (haltpoll with
     ``guest_halt_poll_ns`` 0), else None."""

@@ -23,7 +23,6 @@ Every file is optional except the CPU list: a missing file leaves its field empt
 often hides parts of sysfs); a file that cannot be parsed raises TopologyError naming it.
 """
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -380,7 +379,3 @@ def describe(topo: Topology) -> str:
         f"usable CPUs: {_ranges(topo.usable_cpus)}; busy threads at most: {topo.busy_threads}",
     ]
     return "\n".join(lines)
-
-
-def dumps(topo: Topology) -> str:
-    return json.dumps(topo.to_json(), indent=1)
