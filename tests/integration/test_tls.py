@@ -191,13 +191,14 @@ def test_large_requests_land_in_their_slots_over_tls(certs: Certs) -> None:
             )
         assert rt.inputs_in_place == 2
         # the blocking gRPC client sends a large message's frames part by part over TLS
-        # (sockets.send_parts); a signature's first message takes the ordinary path, the next lands
+        # (sockets.send_parts). The second message lands; the first does too when this process
+        # decoded the signature before (grpc_service's plans are the process's, not the server's)
         with GrpcClient("127.0.0.1", st.ports["grpc"], ssl=ctx) as grpc_client:
             for _ in range(2):
                 np.testing.assert_allclose(
                     grpc_client.infer(big, {"data": x}).outputs["prob"], expected, rtol=1e-5, atol=1e-6
                 )
-        assert rt.inputs_in_place == 3
+        assert rt.inputs_in_place in (3, 4)
 
 
 def test_a_client_that_does_not_trust_the_ca_refuses_the_server(server: ServerThread, certs: Certs) -> None:
