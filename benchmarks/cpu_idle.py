@@ -32,19 +32,18 @@ from latency import (  # beside this file
     MODEL,
     WARMUP,
     Measure,
+    echo_floors,
     fastapi_measure,
     fastapi_server,
     fastapi_venv,
-    http_answer,
     http_measure,
     lumenrt_server,
     tcp_measure,
 )
 from lumenrt.bench.results import git_commit, machine_info, write_result
-from lumenrt.client.tcp import TcpClient
 from lumenrt.models.builtin import builtin_examples, ensure_builtin_repository
-from lumenrt.placement.cpu_idle import read_cpu_idle
-from roundtrip import _Child, _echo_server_main, _measure_echo, frame_sizes, markdown_table, stats
+from lumenrt.placement.cpu_idle import CpuIdle, read_cpu_idle
+from roundtrip import markdown_table, stats
 
 HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 
@@ -63,9 +62,8 @@ def halt_poll_ns(value: int | None) -> Iterator[None]:
         HALT_POLL.write_text(f"{old}\n")
 
 
-def check_settable() -> str | None:
-    """Why ``guest_halt_poll_ns`` cannot be set here, or None."""
-    idle = read_cpu_idle()
+def check_settable(idle: CpuIdle) -> str | None:
+    """Why ``guest_halt_poll_ns`` cannot be set on a machine whose idle CPUs read ``idle``, or None."""
     if idle.driver != "haltpoll" or idle.guest_halt_poll_ns is None:
         return f"the cpuidle driver is {idle.driver!r}, not haltpoll: there is no guest_halt_poll_ns to set"
     try:
@@ -157,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--halt-poll-ns: comma list of integers, got {args.halt_poll_ns!r}")
     if not values or any(v < 0 for v in values):
         p.error("--halt-poll-ns: one value at least, none negative")
-    why = check_settable()
+    found = read_cpu_idle()
+    why = check_settable(found)
     if why is not None:
         print(f"cpu_idle.py: {why}", file=sys.stderr)
         return 2
@@ -166,19 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     inputs = builtin_examples(MODEL, 1)
     model_path = ensure_builtin_repository() / MODEL / "1" / "model.onnx"
-    found = read_cpu_idle().as_dict()
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(lumenrt_server(None))
         api_port = stack.enter_context(fastapi_server(args.fastapi_python, model_path, 1))[0]
-        with TcpClient("127.0.0.1", server.ports["tcp"]) as client:
-            first = client.infer(MODEL, inputs)
-        req_bytes, resp_bytes = frame_sizes(MODEL, inputs, list(first.outputs.items()))
-        echo = _Child(_echo_server_main, (req_bytes, resp_bytes), "lumenrt-echo")
-        stack.callback(echo.stop)
-        echo_request = bytes(req_bytes)
-        rows: dict[str, Measure] = {
-            "echo floor": lambda n: _measure_echo(echo.port, echo_request, resp_bytes, n, 0)
-        }
+        rows: dict[str, Measure] = echo_floors(stack, server, inputs)
         targets = [
             ("lumenrt TCP", tcp_measure, server.ports["tcp"]),
             ("lumenrt HTTP binary", http_measure, server.ports["http"]),
@@ -190,11 +180,6 @@ def main(argv: list[str] | None = None) -> int:
                 ("lumenrt spin TCP", tcp_measure, spin.ports["tcp"]),
                 ("lumenrt spin HTTP binary", http_measure, spin.ports["http"]),
             ]
-        http_echo = _Child(
-            _echo_server_main, (0, http_answer(server.ports["http"], inputs)), "lumenrt-http-echo"
-        )
-        stack.callback(http_echo.stop)
-        targets.insert(0, ("HTTP echo floor", http_measure, http_echo.port))
         for label, make, port in targets:
             measure, close = make(port, inputs)
             rows[label] = measure
@@ -212,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "n": args.n,
         "repeats": args.repeats,
         "loop_spin_us": args.loop_spin_us,
-        "found": found,
+        "found": found.as_dict(),
         "settings": {},
     }
     for value, by_row in rounds.items():

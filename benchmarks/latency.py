@@ -178,6 +178,27 @@ def http_answer(port: int, inputs: dict[str, Any]) -> bytes:
     return got[: end + length]
 
 
+def echo_floors(
+    stack: contextlib.ExitStack, server: ServeProcess, inputs: dict[str, Any]
+) -> dict[str, Measure]:
+    """The floors beside ``server``: an echo of its TCP frames' sizes over a raw socket, and an HTTP
+    echo of its HTTP answer through ``http.client``. Their servers and client end with ``stack``."""
+    with TcpClient("127.0.0.1", server.ports["tcp"]) as client:
+        first = client.infer(MODEL, inputs)
+    req_bytes, resp_bytes = frame_sizes(MODEL, inputs, list(first.outputs.items()))
+    echo = _Child(_echo_server_main, (req_bytes, resp_bytes), "lumenrt-echo")
+    stack.callback(echo.stop)
+    http_echo = _Child(_echo_server_main, (0, http_answer(server.ports["http"], inputs)), "lumenrt-http-echo")
+    stack.callback(http_echo.stop)
+    http_floor, close = http_measure(http_echo.port, inputs)
+    stack.callback(close)
+    request = bytes(req_bytes)
+    return {
+        "echo floor": lambda n: _measure_echo(echo.port, request, resp_bytes, n, 0),
+        "HTTP echo floor": http_floor,
+    }
+
+
 def fastapi_measure(port: int, inputs: dict[str, Any]) -> tuple[Measure, Callable[[], None]]:
     (array,) = inputs.values()
     body = np.ascontiguousarray(array).tobytes()
@@ -637,21 +658,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {label} speaks another TCP protocol version: its TCP round trips, stages and "
                   "allocations are left out; its TCP load runs through its own load generator", file=sys.stderr)  # fmt: skip
         if "rtt" not in skip:
-            rows: dict[str, Measure] = {}
+            rows: dict[str, Measure] = echo_floors(stack, running["lumenrt"], inputs)
             closers: list[Callable[[], None]] = []
-            with TcpClient("127.0.0.1", running["lumenrt"].ports["tcp"]) as c:
-                first = c.infer(MODEL, inputs)
-            req_bytes, resp_bytes = frame_sizes(MODEL, inputs, list(first.outputs.items()))
-            echo = _Child(_echo_server_main, (req_bytes, resp_bytes), "lumenrt-echo")
-            stack.callback(echo.stop)
-            echo_request = bytes(req_bytes)
-            rows["echo floor"] = lambda n: _measure_echo(echo.port, echo_request, resp_bytes, n, 0)
-            http_echo = _Child(_echo_server_main, (0, http_answer(running["lumenrt"].ports["http"], inputs)),
-                               "lumenrt-http-echo")  # fmt: skip
-            stack.callback(http_echo.stop)
-            measure, close = http_measure(http_echo.port, inputs)
-            rows["HTTP echo floor"] = measure
-            closers.append(close)
             grpc_answer = grpc_echo_response(running["lumenrt"].ports["grpc"], inputs)
             grpc_echo = _Child(_grpc_echo_main, (grpc_answer,), "lumenrt-grpc-echo")
             stack.callback(grpc_echo.stop)
