@@ -93,6 +93,16 @@ def test_it_waits_out_the_queue_delay_from_the_first_request_then_dispatches_wha
     assert source.now_ns == 11 * MS  # a new batch, a new deadline: 9 ms + 2 ms
 
 
+def test_a_model_without_dynamic_batching_gets_one_request_per_batch(scripted: Scripted) -> None:
+    source = scripted(queued=[1, 3, 1, 2])
+    board = IdleBoard(2)
+    batcher = Batcher(source, BatchPolicy(max_rows=8, alone=True), board, 0)
+    assert [batcher.next_batch() for _ in range(3)] == [[1], [3], [1]]
+    assert batcher.try_next_batch() == [2]
+    assert batcher.try_next_batch() == []
+    assert source.timeouts == [None, None, None, 0, 0]  # one request asked for each time
+
+
 def test_without_a_delay_it_takes_only_what_is_already_queued(scripted: Scripted) -> None:
     source = scripted(queued=[1, 1], later=[(1 * MS, 1)])
     batcher = Batcher(source, BatchPolicy(max_rows=8, max_queue_delay_ns=0))

@@ -19,6 +19,11 @@ Adaptive batching (``BatchPolicy.adaptive``, batch_cost.py): every rule above ap
 the row count whose cost per row this worker measured lowest (``ran`` reports each batch's time);
 the first request of a batch is taken whole whatever the cap.
 
+A model without ``dynamic_batching`` (``BatchPolicy.alone``) is never batched across requests, as in
+Triton: each batch is exactly one request, with up to ``max_batch_size`` rows of its own. A model
+that is not safe to batch (per-request state, an output that depends on the whole batch) never
+sees another client's rows.
+
 tests/unit/test_batcher.py checks each rule above against a scripted source and clock. A ring
 closed and drained while a batch forms ends that batch, which still runs (``_more``); the next
 ``next_batch`` raises RingClosed, so requests still queued at close run before the worker ends.
@@ -42,6 +47,7 @@ class BatchPolicy:
     max_queue_delay_ns: int = 0
     preferred_rows: frozenset[int] = frozenset()
     adaptive: bool = False  # engine.batching 'adaptive': batches capped at the cheapest size per row
+    alone: bool = False  # no dynamic batching: each batch is one request (its own rows only)
 
 
 class Source(Protocol[T]):
@@ -209,6 +215,9 @@ class Batcher(Generic[T]):
     def next_batch(self) -> list[T]:
         """Blocks for the first request; raises RingClosed once the ring is closed and drained."""
         first = self._take_first()
+        if self._policy.alone:
+            self._rows = self._source.rows(first)
+            return [first]
         self._bound()
         return self._fill(first, time.monotonic_ns())
 
@@ -224,6 +233,9 @@ class Batcher(Generic[T]):
             if not taken:
                 return []
             first = taken[0]
+        if self._policy.alone:
+            self._rows = self._source.rows(first)
+            return [first]
         max_rows = self._bound()
         batch, rows = self._with_carry(first)
         if rows < max_rows and not self._carry:

@@ -108,7 +108,7 @@ def batch_policy(config: ModelConfig, adaptive: bool = False) -> BatchPolicy:
     """The model's batching rules; ``adaptive``: engine.batching 'adaptive' (batch_cost.py)."""
     db = config.dynamic_batching
     if db is None or config.max_batch_size == 0:  # no dynamic batching: every request runs alone
-        return BatchPolicy(max_rows=1 if config.max_batch_size == 0 else config.max_batch_size)
+        return BatchPolicy(max_rows=max(1, config.max_batch_size), alone=True)
     return BatchPolicy(
         max_rows=config.max_batch_size,
         max_queue_delay_ns=db.max_queue_delay_us * 1000,

@@ -333,6 +333,10 @@ class InferenceService:
             "loop_spin_us": getattr(self.engine.settings, "loop_spin_us", 0),
             "pin": options.pin,
             "lane": "inline" if rt.lane.active else "queue",  # what auto decided for this model
+            # Triton's rule: requests share a batch only with dynamic_batching configured
+            "batching": "dynamic"
+            if rt.config.dynamic_batching is not None
+            else "none (each request runs alone)",
         }
         return {f"lumenrt_{k}": {"string_value": str(v)} for k, v in arch.items()}
 
