@@ -25,8 +25,16 @@ Rules, in the order applied
      A model's ``numa_node`` keeps it on that node whatever the policy.
   5. The quota: with a quota below the usable CPUs, only ``busy_threads`` CPUs are used (chosen by
      the policy's order), so the threads the plan starts never exceed what the quota lets run.
-  6. Ingress first: the ingress threads get CPUs of their own (the last of the first node's
-     preference order: an SMT sibling where there is one) when at least one CPU per model is left.
+  6. Ingress first: the ingress threads are pinned to the last CPUs of the first node's
+     preference order (an SMT sibling where there is one) when at least one CPU per model is left.
+     Those CPUs are the ingress's own only on a host with ``INGRESS_ALONE_MIN_CPUS`` (10) or more
+     CPUs left per ingress thread (or under ``strict``): there a CPU of its own costs the models at
+     most a tenth of the compute round-robin would give them. On a smaller host the models keep
+     every CPU and a worker shares each ingress CPU, and the plan says so in a warning: a model
+     whose work dwarfs the event loop's (SqueezeNet on the 2-CPU VM: 86-93 requests/s with the
+     loop's CPU to itself, against 173/s round-robin) would otherwise run on half the machine,
+     while a light model gains little from it, since its requests run on the loop anyway (the
+     inline lane, engine/lane.py).
      When there are not that many CPUs (the 2-CPU VM with three models and an event loop), models
      cannot be kept apart by CPU: each model's instances (one per CPU unless ``count`` says) are
      placed round-robin over the plan's CPUs of their node, as rule 8 does, and the plan says so
@@ -60,6 +68,9 @@ from typing import Any
 from lumenrt.placement.topology import Topology, format_cpulist
 
 POLICIES = ("spread", "pack", "roundrobin")  # and "node:N"
+# Rule 6: the ingress threads get CPUs of their own only on a host with at least this many CPUs
+# left per ingress thread, where that costs the models at most a tenth of what round-robin gives them.
+INGRESS_ALONE_MIN_CPUS = 10
 
 
 class PlacementError(ValueError):
@@ -235,7 +246,14 @@ class _Planner:
         if policy.ingress_threads and cpus_left - policy.ingress_threads - gpu_threads >= len(auto):
             first = self.free[nodes[0]]
             ingress = tuple(first[-policy.ingress_threads :])
-            del first[-policy.ingress_threads :]
+            if self._ingress_alone(cpus_left, auto):
+                del first[-policy.ingress_threads :]
+            else:  # rule 6: the models keep every CPU; the ingress shares its own with a worker
+                self._cut(
+                    f"ingress CPU(s) {format_cpulist(ingress)} also run workers: a CPU of its own for each "
+                    f"of {policy.ingress_threads} ingress thread(s) would take more than "
+                    f"1/{INGRESS_ALONE_MIN_CPUS} of the {cpus_left} CPU(s) the models would use"
+                )
             self._give(ingress)
         crowded = bool(policy.ingress_threads) and not ingress and bool(auto or feeding)
         if crowded:
@@ -273,6 +291,12 @@ class _Planner:
         )
 
     # ---- steps ----------------------------------------------------------------------------------
+
+    def _ingress_alone(self, cpus_left: int, auto: Sequence[Demand]) -> bool:
+        """Rule 6: whether the ingress threads get CPUs the models' workers do not use."""
+        if not auto or self.policy.strict:  # nothing to share with; strict never oversubscribes
+            return True
+        return cpus_left >= INGRESS_ALONE_MIN_CPUS * self.policy.ingress_threads
 
     def _cut(self, message: str) -> None:
         if self.policy.strict:
