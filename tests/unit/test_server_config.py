@@ -52,7 +52,7 @@ def test_yaml_config_with_every_key(tmp_path: Path) -> None:
     path.write_text(
         f"""engine:
   queue_type: batched
-  allocator_type: standard
+  allocator_type: lumen_arena
   thread_count: 3
   batch_size: 16
   worker_mode: thread
@@ -64,7 +64,7 @@ def test_yaml_config_with_every_key(tmp_path: Path) -> None:
     )
     assert load_engine_config(path) == EngineConfig(
         queue_type="batched",
-        allocator_type="standard",
+        allocator_type="lumen_arena",
         thread_count=3,
         batch_size=16,
         worker_mode="thread",

@@ -8,16 +8,18 @@ and lumenrt adds ``worker_mode``, ``pin``, ``cores``, ``arena_slot_bytes``, ``ar
 ``large_arena_bytes``,
 ``spin_us``, ``loop_spin_us``, ``lane``, ``lane_max_us``, ``lane_turn_us``, ``placement``, ``placement_strict``, ``memory_binding`` and
 ``host_policies``
-(engine/placing.py). Every key has an effect (see the README's table); a combination without one is refused:
-``allocator_type: standard`` with ``worker_mode: process`` (process workers read requests from the
-shared arena, so there is no per-request allocation to choose).
+(engine/placing.py). Every key has an effect (see the README's table); a combination without one is refused,
+naming both keys: ``allocator_type: standard`` with ``worker_mode: process`` (process workers read
+requests from the shared arena, so there is no per-request allocation to choose), and each entry of
+``NO_EFFECT`` (e.g. ``lane_max_us`` with a ``lane`` other than ``auto``). A key counts as set when
+it differs from its default, or, read from a file or overrides, when it is given at all.
 Unknown keys are errors naming the key. Overrides (e.g. from command-line flags) are engine keys
 applied over the file; a None value means "not given".
 """
 
 import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +238,8 @@ class EngineConfig:
                 f"{self.thread_count}: use thread_count 1, or queue_type 'mpmc' for several workers",
             )
 
+        check_effects(self, (f.name for f in fields(self) if getattr(self, f.name) != f.default), src)
+
     def host_policy(self, name: str) -> HostPolicy | None:
         return next((p for p in self.host_policies if p.name == name), None)
 
@@ -258,6 +262,82 @@ class EngineConfig:
             for p in self.host_policies
         }
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class NoEffect:
+    """``key`` set while ``inert(config)`` holds has no effect: refused, naming ``other`` too."""
+
+    key: str
+    other: str
+    inert: Callable[[EngineConfig], bool]
+    why: str
+
+
+NO_EFFECT = (
+    NoEffect(
+        "memory_binding",
+        "pin",
+        lambda c: not c.pin,
+        "memory is bound to the node of a worker's pinned CPUs; unpinned workers' memory is first touch",
+    ),
+    NoEffect(
+        "memory_binding",
+        "placement",
+        lambda c: c.placement == "roundrobin",
+        "'roundrobin' pins workers only (the placement before planning); a planned placement binds memory",
+    ),
+    NoEffect(
+        "lane_max_us",
+        "lane",
+        lambda c: c.lane != "auto",
+        "only lane 'auto' decides by a model's compute time",
+    ),
+    NoEffect(
+        "lane_turn_us",
+        "lane",
+        lambda c: c.lane == "queue",
+        "it bounds the inline lane's compute per event-loop turn, and lane 'queue' runs nothing inline",
+    ),
+    NoEffect(
+        "large_arena_bytes",
+        "worker_mode",
+        lambda c: c.worker_mode == "process",
+        "the large arena holds GPU batches in the thread pool; worker processes use the shared arena's slots",
+    ),
+    NoEffect(
+        "large_arena_bytes",
+        "allocator_type",
+        lambda c: c.allocator_type == "standard",
+        "allocator_type 'standard' allocates every request afresh: no arena",
+    ),
+    NoEffect(
+        "arena_slot_bytes",
+        "allocator_type",
+        lambda c: c.allocator_type == "standard" and c.worker_mode == "thread",
+        "allocator_type 'standard' allocates every request afresh: no arena",
+    ),
+    NoEffect(
+        "arena_slots",
+        "allocator_type",
+        lambda c: c.allocator_type == "standard" and c.worker_mode == "thread",
+        "allocator_type 'standard' allocates every request afresh: no arena",
+    ),
+)
+
+
+def check_effects(config: EngineConfig, keys_set: Iterable[str], source: str) -> None:
+    """ConfigError for the first key of ``keys_set`` that has no effect beside another key's value."""
+    given = set(keys_set)
+    for rule in NO_EFFECT:
+        if rule.key in given and rule.inert(config):
+            other = getattr(config, rule.other)
+            raise ConfigError(
+                source,
+                f"engine.{rule.key}",
+                f"has no effect with engine.{rule.other} {other!r}: {rule.why}; "
+                f"remove engine.{rule.key}, or change engine.{rule.other}",
+            )
 
 
 def _node_policy(text: str) -> bool:
@@ -297,7 +377,11 @@ def load_engine_config(
         key = "engine.cores"
         raise ConfigError(origin["cores"], key, f"must be a list of core numbers, got {values['cores']!r}")
     try:
-        return EngineConfig(**values)
+        config = EngineConfig(**values)
+        # keys given explicitly (not only those off their default): `pin: false` with
+        # `memory_binding: bind` is as inert as with first_touch
+        check_effects(config, (k for k, o in origin.items() if o != "<defaults>"), "")
+        return config
     except ConfigError as exc:  # re-raised naming where the offending value came from
         key = exc.field.removeprefix("engine.").split("[")[0]
         source = origin.get(key, str(path) if path is not None else "<defaults>")
