@@ -2,6 +2,7 @@
 tritonclient over HTTP and gRPC: one test body per case, run with each client. Regions are POSIX
 shared-memory objects made as tritonclient.utils.shared_memory makes them (tests/shm_regions.py)."""
 
+import contextlib
 import itertools
 import os
 import time
@@ -81,11 +82,19 @@ def client(request: pytest.FixtureRequest, server: ServerThread) -> Iterator[Cli
     made.client.close()
 
 
-def mapped_by_server(region: ClientRegion) -> bool:
-    """Whether the server (this process) maps the object beyond the test's own mapping of it."""
+def held_by_server(region: ClientRegion) -> bool:
+    """Whether the server (this process) holds the object: a descriptor of it beyond the one the
+    test's own mapping keeps (Python's mmap keeps a duplicate). It never maps a client's object
+    (ingress/shared_memory.py), so the test's mapping is the only one."""
+    names = (region.path, f"{region.path} (deleted)")
     with open("/proc/self/maps") as maps:
         paths = (line.split(maxsplit=5)[-1].strip() for line in maps)
-        return sum(1 for p in paths if p in (region.path, f"{region.path} (deleted)")) > 1
+        assert sum(1 for p in paths if p in names) <= 1, "the server maps a client's object"
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            held += os.readlink(f"/proc/self/fd/{fd}") in names
+    return held > 1
 
 
 def plain_answer(client: Client, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -123,10 +132,10 @@ def test_inputs_and_outputs_in_shared_memory(client: Client, region: Any) -> Non
 
     client.client.unregister_system_shared_memory("in")
     assert [r["name"] for r in client.status()] == ["out"]
-    assert not mapped_by_server(inputs) and mapped_by_server(outputs)
+    assert not held_by_server(inputs) and held_by_server(outputs)
     client.client.unregister_system_shared_memory()  # every region
     assert client.status() == []
-    assert not mapped_by_server(outputs)
+    assert not held_by_server(outputs)
 
 
 def error_of(call: Any) -> tuple[str, str]:
@@ -189,7 +198,7 @@ def test_a_region_the_client_unlinks_is_unregistered(client: Client, region: Any
     while client.status() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert client.status() == []
-    assert not mapped_by_server(made)
+    assert not held_by_server(made)
 
 
 def test_off_by_default_and_regions_unmapped_at_shutdown(engine: Engine, region: Any) -> None:
@@ -209,6 +218,6 @@ def test_off_by_default_and_regions_unmapped_at_shutdown(engine: Engine, region:
         http = thttp.InferenceServerClient(f"127.0.0.1:{st.ports['http']}")
         assert "system_shared_memory" in http.get_server_metadata()["extensions"]
         http.register_system_shared_memory("r", made.key, 4096)
-        assert mapped_by_server(made)
+        assert held_by_server(made)
         http.close()
-    assert not mapped_by_server(made)
+    assert not held_by_server(made)

@@ -81,6 +81,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "max_connections_per_client": (16, 16),
     "allow_client_shm": (True, True),
     "max_shm_regions_per_client": (8, 8),
+    "client_shm_prefix": ("/app-", "app-"),
     "tls_cert": ("server.crt", "RELATIVE:server.crt"),
     "tls_key": ("server.key", "RELATIVE:server.key"),
     "tls_client_ca": ("ca.crt", "RELATIVE:ca.crt"),

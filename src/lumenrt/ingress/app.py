@@ -62,6 +62,7 @@ class ServeOptions:
     # Triton's system shared-memory extension (ingress/shared_memory.py): off unless asked for
     allow_client_shm: bool = False
     max_shm_regions_per_client: int = 64
+    client_shm_prefix: str = ""  # keys' object names must start with it ('': any name but lumenrt's own)
     # who serves gRPC: "h2", lumenrt's own HTTP/2 server (ingress/grpc_h2.py), or "grpcio" (grpc.aio)
     grpc_server: str = "h2"
 
@@ -82,7 +83,11 @@ class ServerApp:
             self.service.metrics = ServiceMetrics(self.service)
         self.service.gate = self.options.auth
         if self.options.allow_client_shm:
-            self.service.shared_memory = SharedMemoryRegistry(self.options.max_shm_regions_per_client)
+            self.service.shared_memory = SharedMemoryRegistry(
+                self.options.max_shm_regions_per_client,
+                prefix=self.options.client_shm_prefix,
+                max_bytes_tensor=self.options.limits.max_body_bytes,
+            )
         self._sweep_shm: asyncio.Task[None] | None = None
         limits = self.options.rate_limits
         self.service.limiter = RateLimiter(limits) if limits is not None and limits.active else None

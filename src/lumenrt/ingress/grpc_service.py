@@ -32,7 +32,7 @@ from google.protobuf import json_format
 
 from lumenrt.engine.request import Array
 from lumenrt.ingress.service import InferenceService, InferOutcome, WireInput
-from lumenrt.ingress.shared_memory import SharedMemoryRegistry, enabled, write_shm_output
+from lumenrt.ingress.shared_memory import OutputTarget, SharedMemoryRegistry, enabled, write_shm_output
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import check_tensor_count
 from lumenrt.protocols.errors import bad_request
@@ -178,7 +178,7 @@ def _decode_inputs(
     return out
 
 
-ShmOutputs = dict[str, tuple[memoryview, SharedMemoryRef]]
+ShmOutputs = dict[str, tuple[OutputTarget, SharedMemoryRef]]
 
 
 def _requested_outputs(

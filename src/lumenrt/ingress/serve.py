@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lumenrt.ingress.service import GRPC_SERVERS, ServeLimits
+from lumenrt.ingress.shared_memory import key_prefix
 from lumenrt.observability.logging import say
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,13 @@ def _port(text: str) -> int | None:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 0..65535 or 'off', got {text!r}")
     return value
+
+
+def _shm_prefix(text: str) -> str:
+    try:
+        return key_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _size_bytes(text: str) -> int:
@@ -344,6 +352,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="registered regions one client (API key, else address) may hold (default 64)",
     )
+    shm.add_argument(
+        "--client-shm-prefix",
+        type=_shm_prefix,
+        default="",
+        metavar="PREFIX",
+        help="register only objects whose names start with PREFIX (a leading '/' is ignored), e.g. a "
+        "prefix your clients share; default: any name. Objects named lumenrt.* (lumenrt's own segments) "
+        "are refused whatever the prefix. Needs --allow-client-shm",
+    )
     from lumenrt.observability.logging import DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 
     logs = p.add_argument_group("logs and traces")
@@ -520,6 +537,10 @@ def _security(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.max_shm_regions_per_client < 1:
         raise ValueError(f"--max-shm-regions-per-client must be >= 1, got {args.max_shm_regions_per_client}")
+    if args.client_shm_prefix and not args.allow_client_shm:
+        raise ValueError(
+            "--client-shm-prefix has no effect without --allow-client-shm: give both (or neither)"
+        )
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together: give both (or neither, for clear text)")
     if args.tls_client_ca is not None and args.tls_cert is None:
@@ -629,6 +650,7 @@ async def _serve(
                 metrics_port=args.metrics_port,
                 allow_client_shm=args.allow_client_shm,
                 max_shm_regions_per_client=args.max_shm_regions_per_client,
+                client_shm_prefix=args.client_shm_prefix,
                 grpc_server=args.grpc_server,
                 **(security or {}),
             ),

@@ -11,8 +11,9 @@ Request bodies come in three forms:
     from the byte count. Every output is then returned as binary.
 
 Inputs and requested outputs may name a registered shared-memory region instead (Triton's system
-shared-memory extension, ``ingress/shared_memory.py``): such an input is read where it lies, such an
-output is written there and its answer entry carries no data.
+shared-memory extension, ``ingress/shared_memory.py``): such an input is copied out of its region
+(never viewed in place: the client may shrink it), such an output is written there and its answer
+entry carries no data.
 
 Outputs are binary when the request output says ``"binary_data": true``, or, for outputs it does
 not list, when the request parameter ``binary_data_output`` is true.
@@ -28,7 +29,7 @@ from typing import Any
 
 from lumenrt.engine.config import ModelConfig
 from lumenrt.ingress.service import InferOutcome, WireInput
-from lumenrt.ingress.shared_memory import SharedMemoryRegistry, enabled, write_shm_output
+from lumenrt.ingress.shared_memory import OutputTarget, SharedMemoryRegistry, enabled, write_shm_output
 from lumenrt.protocols import dtypes
 from lumenrt.protocols.bounds import DEFAULT_MAX_JSON_DEPTH, check_json_depth, check_tensor_count
 from lumenrt.protocols.compact_json import compact_json
@@ -57,7 +58,7 @@ class ParsedInfer:
     raw: bool = False  # raw single-input form: every output binary
     priority: int = 0  # request parameter priority (0: the model's default level)
     # requested outputs to be written into shared memory: name -> (their bytes there, the parameters)
-    shm_outputs: dict[str, tuple[memoryview, SharedMemoryRef]] | None = None
+    shm_outputs: dict[str, tuple[OutputTarget, SharedMemoryRef]] | None = None
 
 
 def _obj(value: Any, where: str) -> dict[str, Any]:
