@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/placement.py [--quick] [--repeats 3] [--duration-s 10] [--warmup-s 2]
         [--squeezenet-concurrency 2] [--digits-concurrency 4] [--protocol tcp|http]
-        [--serve-args '--mode process'] [--out results]
+        [--serve-args '--mode process'] [--models squeezenet digits_mlp] [--out results]
 
 The NUMA series' experiment on what this machine allows. ``lumenrt serve`` with no
 ``--repository`` loads every built-in model (squeezenet, digits_mlp, tabular_xgb); each placement
@@ -20,7 +20,8 @@ Load: two ``lumenrt bench load`` processes started together, each a closed loop,
 ``--squeezenet-concurrency`` and digits_mlp at ``--digits-concurrency`` clients, over the binary TCP
 protocol (``--protocol http``: KServe V2 HTTP). Both warm up for ``--warmup-s`` and then measure for
 ``--duration-s``, so their windows overlap but for the start-up skew of the two processes (tens of
-ms). Before the load, with the models loaded and idle, the server's threads are counted
+ms). ``--models squeezenet`` serves and loads SqueezeNet alone (``lumenrt serve --models
+squeezenet``, the lone heavy model whose default placement must not fall behind round-robin). Before the load, with the models loaded and idle, the server's threads are counted
 (``/proc/<pid>/task``, and those of any worker process it started) and each thread's allowed CPUs
 read; they are counted again after the load.
 
@@ -265,14 +266,15 @@ def measure(placement: str, round_no: int, args: argparse.Namespace, runs_dir: P
     loads: list[subprocess.Popen[bytes]] = []
     try:
         with INTERRUPTS.held():
-            server = start_serve(*PLACEMENTS[placement], *shlex.split(args.serve_args))
+            only = ("--models", *args.models) if list(args.models) != list(MODELS) else ()
+            server = start_serve(*PLACEMENTS[placement], *only, *shlex.split(args.serve_args))
         run["server_pid"] = server.proc.pid
         run["threads_idle"] = asdict(settled_threads(server.proc.pid))
         meta_url = f"http://{server.http_url}"
         target = f"tcp://127.0.0.1:{server.ports['tcp']}" if args.protocol == "tcp" else meta_url
         concurrency = {SQUEEZENET: args.squeezenet_concurrency, DIGITS: args.digits_concurrency}
         dirs = {}
-        for model in MODELS:
+        for model in args.models:
             name = f"r{round_no}-{placement}-{model}"
             dirs[model] = runs_dir / name
             dirs[model].mkdir(parents=True, exist_ok=True)
@@ -290,7 +292,7 @@ def measure(placement: str, round_no: int, args: argparse.Namespace, runs_dir: P
         if "error" not in run:
             run["models"] = {
                 m: {**_read_load(p, dirs[m]), "dir": str(dirs[m].relative_to(runs_dir.parent))}
-                for m, p in zip(MODELS, loads, strict=True)
+                for m, p in zip(args.models, loads, strict=True)
             }
             run["threads_after_load"] = asdict(count_threads(server.proc.pid))
     except RuntimeError as exc:  # the server did not start
@@ -327,7 +329,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], models: list[str]) -> dict[str, Any]:
     """Medians over rounds per placement and model, thread counts, and planned's ratios."""
     ok = [r for r in runs if "models" in r]
     medians: dict[str, Any] = {}
@@ -340,13 +342,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "threads_after_load": _median([r["threads_after_load"]["total"] for r in mine]),
             "processes": _median([r["threads_idle"]["processes"] for r in mine]),
         }
-        for model in MODELS:
+        for model in models:
             figs = [r["models"][model] for r in mine if "error" not in r["models"][model]]
             row[model] = {k: _median([f[k] for f in figs]) for k in ("throughput_per_s", "p50_ms", "p99_ms")}
             row[model]["errors"] = sum(int(f.get("errors") or 0) for f in figs)
         medians[placement] = row
     ratios: dict[str, Any] = {}
-    for model in MODELS:
+    for model in models:
         for base in BASELINES:
             for key, label in (("throughput_per_s", "throughput"), ("p99_ms", "p99")):
                 name = f"{model} {label} planned/{base}"
@@ -369,15 +371,18 @@ def _cell(v: float | None, fmt: str = ".1f") -> str:
 def format_table(doc: dict[str, Any]) -> str:
     med, ratios = doc["summary"]["medians"], doc["summary"]["ratios"]
     cfg = doc["config"]
+    models = cfg["models"]
+    clients = {SQUEEZENET: cfg["squeezenet_concurrency"], DIGITS: cfg["digits_concurrency"]}
     out = [
-        f"Mixed load over {cfg['protocol']}: squeezenet c{cfg['squeezenet_concurrency']} + digits_mlp "
-        f"c{cfg['digits_concurrency']}, {cfg['duration_s']:g} s runs, medians of {cfg['repeats']} round(s)",
+        f"Load over {cfg['protocol']}: "
+        + " + ".join(f"{m} c{clients[m]}" for m in models)
+        + f", {cfg['duration_s']:g} s runs, medians of {cfg['repeats']} round(s)",
         "",
         "| placement | model | req/s | p50 ms | p99 ms | errors | threads idle (server) | after load |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for placement, row in med.items():
-        for model in MODELS:
+        for model in models:
             f = row[model]
             out.append(
                 f"| {placement} | {model} | {_cell(f['throughput_per_s'])} | {_cell(f['p50_ms'], '.2f')} "
@@ -427,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--digits-concurrency", type=int, default=4, help="digits_mlp's clients (default 4)")
     p.add_argument("--protocol", choices=("tcp", "http"), default="tcp", help="load protocol (default tcp)")
     p.add_argument("--serve-args", default="", help="more `lumenrt serve` flags for every placement")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        choices=MODELS,
+        default=list(MODELS),
+        help="the models served and loaded (default: both; the server loads only these)",
+    )
     p.add_argument("--out", type=Path, default=Path("results"), help="results folder (default results/)")
     p.add_argument("--quick", action="store_true", help="one round of 3 s runs (1 s warm-up): a smoke check")
     args = p.parse_args(argv)
@@ -447,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "placements": {k: list(v) for k, v in PLACEMENTS.items()},
-            "models": list(MODELS),
+            "models": list(args.models),
         },
         "topology": _topology(),
         "runs": [],
@@ -477,13 +489,13 @@ def main(argv: list[str] | None = None) -> int:
                             f"errors {f['errors']}"
                         )
                     )
-                doc["summary"] = summarize(doc["runs"])
+                doc["summary"] = summarize(doc["runs"], args.models)
                 write_json(path, doc)  # after every run: an interrupted run keeps what it measured
     except KeyboardInterrupt:
         _progress("interrupted: every server and load process is stopped")
         doc["interrupted"] = True
         status = 130
-    doc["summary"] = summarize(doc["runs"])
+    doc["summary"] = summarize(doc["runs"], args.models)
     write_json(path, doc)
     failed = any("error" in r or any("error" in f for f in r.get("models", {}).values()) for r in doc["runs"])
     print(format_table(doc))
