@@ -5,28 +5,62 @@ themselves through the request table (no completion hop).
 A GPU instance (``Placement.gpu`` >= 0) is a worker thread like the others, taking from the same
 ring; once loaded it runs engine/gpu/serving.py's loop instead of execute.py's.
 
-Invariants (beside runtime.py's)
-  1. A worker thread never dies with requests unanswered (execute.py, gpu/serving.py); it is never
-     replaced, so the pool is ready from start until close.
-  2. Each worker writes only its own WorkerStats; ``statistics`` adds them up.
+Supervision, as the process pool's (process_pool.py) but with no thread of its own: a worker whose
+loop ends by anything but RingClosed (a BaseException from the model, a bug in the batcher or in
+execute.py) has died. In its own thread it fails what it held and reports to the pool (``died``),
+which starts a replacement thread at its index: that one joins the dead one, waits its backoff,
+loads a fresh session (pinned like the first) and serves. A replacement that cannot load retries
+with backoff (``reload_failed``, ``pause``) in its own thread; one whose thread cannot be started
+is retried with backoff by the dead worker's thread. Both count in ``replacement_failures``.
 
-Shutdown order: the runtime closes the request ring; each worker drains what is left, sees
-RingClosed and closes its session; ``close`` joins them.
+Invariants (beside runtime.py's)
+  1. Every request admitted is answered exactly once: by the worker that took it (a result or a
+     clear error), by that worker as it dies (WorkerDied naming the model, the worker and the
+     cause: worker.py invariant 2), or, still in a ring once the workers have ended (one died
+     while shutting down and has no replacement to take it), by ``close`` (ModelNotReady).
+  2. The pool is ready only while every worker is alive and loaded: a dying worker clears its
+     readiness before failing what it held, and its replacement is ready once loaded.
+  3. Deaths are replaced, one thread per index at a time, unless shutdown began (``stop``): the
+     check and the new worker's start happen under ``_lock``, which ``stop`` takes to set
+     ``stopping``, so after ``stop`` returns no replacement starts and ``_workers`` is final.
+  4. No tight loop: after a worker that died before running a batch since it loaded, a
+     replacement that failed to load or a thread that could not start, the next try waits a
+     backoff (RETRY_FIRST_S doubling to RETRY_MAX_S), cut short by shutdown; a worker that had
+     served is replaced at once.
+  5. Each worker writes only its own WorkerStats (a replacement goes on with its predecessor's,
+     which has ended); ``statistics`` adds them up. ``worker_deaths`` and
+     ``replacement_failures`` are written under ``_lock``.
+
+Shutdown order: the runtime stops the pool (no replacement from now on) and closes the request
+ring; each worker drains what is left, sees RingClosed and closes its session; ``close`` joins
+them, then fails what is still in the rings (left by a worker that died while shutting down, or
+whose replacement gave up).
 """
 
+import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.batcher import IdleBoard
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.request import InferRequest
+from lumenrt.engine.descriptors import request_generation
+from lumenrt.engine.request import InferRequest, ModelNotReady
 from lumenrt.engine.worker import ThreadWorker, WorkerStats
-from lumenrt.native import Layout, Region
+from lumenrt.native import Layout, LrtError, Region, RingClosed
 
 if TYPE_CHECKING:
     from lumenrt.engine.runtime import ModelRuntime
+
+# Replacement backoff (invariant 4): 0.1 s doubling to 5 s, as the process pool's (guessed: a
+# model that fails to load, or kills its worker at once, keeps doing it; a transient cause clears
+# in seconds)
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
+
+log = logging.getLogger("lumenrt.engine")
 
 
 class ThreadPool:
@@ -42,27 +76,39 @@ class ThreadPool:
     def __init__(
         self, runtime: "ModelRuntime", *, backend: Backend, model_path: Path, placements: list[Placement]
     ) -> None:
-        board = IdleBoard(len(placements))
+        self._rt = runtime
+        self._backend, self._model_path, self._placements = backend, model_path, placements
+        self._board = IdleBoard(len(placements))
         self.size = len(placements)
-        self._workers = [
-            ThreadWorker(
-                index=i,
-                config=runtime.config,
-                backend=backend,
-                model_path=model_path,
-                placement=p,
-                ring=runtime.ring,
-                table=runtime.table,
-                pin=runtime.options.pin,
-                board=board,
-                adaptive=runtime.options.batching == "adaptive" and p.gpu < 0,
-                levels=runtime.level_rings if runtime.doorbell is not None else None,
-                doorbell=runtime.doorbell,
-                requeue=runtime.requeue if runtime.delays else None,
-                host_memory=runtime.region if p.gpu >= 0 and runtime.arena is not None else None,
-            )
-            for i, p in enumerate(placements)
-        ]
+        self._lock = threading.Lock()  # replacements and the counters (invariants 3, 5)
+        self.stopping = False  # shutdown began: no worker is replaced any more
+        self._stopped = threading.Event()  # the same, for a backoff to wait on
+        self._strikes = [0] * len(placements)  # per index: deaths before serving, failed loads in a row
+        self.worker_deaths = 0
+        self.replacement_failures = 0
+        self._workers = [self._worker(i) for i in range(len(placements))]
+
+    def _worker(self, i: int, replaces: ThreadWorker | None = None, delay_s: float = 0.0) -> ThreadWorker:
+        rt, p = self._rt, self._placements[i]
+        return ThreadWorker(
+            index=i,
+            config=rt.config,
+            backend=self._backend,
+            model_path=self._model_path,
+            placement=p,
+            ring=rt.ring,
+            table=rt.table,
+            pin=rt.options.pin,
+            board=self._board,
+            adaptive=rt.options.batching == "adaptive" and p.gpu < 0,
+            levels=rt.level_rings if rt.doorbell is not None else None,
+            doorbell=rt.doorbell,
+            requeue=rt.requeue if rt.delays else None,
+            host_memory=rt.region if p.gpu >= 0 and rt.arena is not None else None,
+            supervisor=self,
+            replaces=replaces,
+            delay_s=delay_s,
+        )
 
     def tasks(self) -> list[tuple[int, int]]:
         """(pid, thread id) of each worker; 0 where it is not running."""
@@ -72,7 +118,7 @@ class ThreadPool:
         for w in self._workers:
             w.start()
         for w in self._workers:
-            if not w.ready.wait(timeout_s):
+            if not w.loaded.wait(timeout_s):  # (not ready: one may die once loaded)
                 raise TimeoutError(
                     f"model {w.config.name!r}: worker {w.index} did not load within {timeout_s} s"
                 )
@@ -85,12 +131,111 @@ class ThreadPool:
         return all(w.alive and w.ready.is_set() for w in self._workers)
 
     def stop(self) -> None:
-        """Shutdown began: nothing to stop (thread workers are never replaced)."""
+        """Shutdown began: workers that die from now on are not replaced (what they held still
+        fails at once), and a replacement waiting or retrying gives up (invariant 3)."""
+        with self._lock:
+            self.stopping = True
+            self._stopped.set()
 
     def close(self, timeout_s: float) -> None:
-        """The ring is closed: the workers drain it and end."""
-        for w in self._workers:
+        """The ring is closed: the workers drain it and end; what no worker is left to take is
+        failed (see the top)."""
+        self.stop()
+        for w in self._workers:  # final (invariant 3)
             w.join(timeout_s)
+        self._fail_left()
+
+    def _fail_left(self) -> None:
+        """Answer what is still in the request rings with ModelNotReady (invariant 1). Normally
+        nothing: the workers ended at RingClosed, which a ring raises only once closed and empty."""
+        rt = self._rt
+        rings = [*rt.level_rings, *([rt.doorbell] if rt.doorbell is not None else [])]
+        for ring in rings:
+            while True:
+                try:
+                    items = ring.pop_many(64, timeout_s=0)
+                except (RingClosed, LrtError):  # drained; or a worker stuck past the join still
+                    break  # owns a spsc ring's consumer end (it answers what it takes)
+                if not items:
+                    break
+                if ring is rt.doorbell:  # tokens only (batcher.PrioritySource)
+                    continue
+                for item in items:
+                    req = rt.table.records[item.request_id]
+                    if req.generation != request_generation(item) or req.times.completed_ns:
+                        continue
+                    req.error = ModelNotReady(f"model {rt.config.name!r} unloaded before the request ran")
+                    req.times.completed_ns = time.monotonic_ns()
+                    rt.table.complete_now(req)
+
+    # ---- supervision (worker.Supervisor: called from the workers' threads) -------------------
+
+    def died(self, worker: ThreadWorker, error: BaseException) -> None:
+        """``worker`` died (what it held is failed): replace it unless shutdown began. A thread
+        that cannot be started (the process is out of threads or memory) is retried after a
+        backoff from here, the dead worker's thread, which ends once one has started."""
+        i = worker.index
+        with self._lock:
+            self.worker_deaths += 1
+            replacing = not self.stopping
+            if replacing:
+                self._strikes[i] = 0 if worker.served else self._strikes[i] + 1
+        log.error(
+            "model %r: worker %d died: %s: %s; %s",
+            self._rt.config.name,
+            i,
+            type(error).__name__,
+            error,
+            "replacing it" if replacing else "not replaced (shutting down)",
+            exc_info=(type(error), error, error.__traceback__),
+        )
+        while True:
+            with self._lock:
+                if self.stopping or self._workers[i] is not worker:
+                    return
+                replacement = self._workers[i] = self._worker(i, replaces=worker, delay_s=self._backoff(i))
+                try:
+                    replacement.start()  # it joins this thread first (worker.py invariant 3)
+                    return
+                except Exception as e:
+                    start_error = e
+                    self._workers[i] = worker
+                    self.replacement_failures += 1
+                    self._strikes[i] += 1
+                    delay_s = self._backoff(i)
+            log.warning(
+                "model %r: could not start a replacement for worker %d: %s; retrying in %.1f s",
+                self._rt.config.name,
+                i,
+                start_error,
+                delay_s,
+            )
+            if self._stopped.wait(delay_s):
+                return
+
+    def reload_failed(self, worker: ThreadWorker, error: BaseException) -> float | None:
+        with self._lock:
+            self.replacement_failures += 1
+            if self.stopping:
+                return None
+            self._strikes[worker.index] += 1
+            delay_s = self._backoff(worker.index)
+        log.warning(
+            "model %r: replacement worker %d could not load: %s: %s; retrying in %.1f s",
+            self._rt.config.name,
+            worker.index,
+            type(error).__name__,
+            error,
+            delay_s,
+        )
+        return delay_s
+
+    def pause(self, delay_s: float) -> bool:
+        return not self._stopped.wait(delay_s) if delay_s > 0 else not self.stopping
+
+    def _backoff(self, i: int) -> float:
+        strikes = self._strikes[i]
+        return 0.0 if strikes == 0 else min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (strikes - 1))
 
     def release_memory(self) -> None:
         """Nothing: the region is private memory, unmapped once unreferenced (a caller still
@@ -110,12 +255,12 @@ class ThreadPool:
     # ---- statistics -------------------------------------------------------------------------
 
     def statistics(self, total: WorkerStats) -> dict[str, Any]:
-        for w in self._workers:
+        for w in self._workers:  # a replacement's stats go on from its predecessor's
             total.add(w.stats)
         return {
             "workers_ready": sum(1 for w in self._workers if w.alive and w.ready.is_set()),
-            "worker_deaths": 0,  # thread workers never die (execute.py) and are never replaced
-            "replacement_failures": 0,
+            "worker_deaths": self.worker_deaths,
+            "replacement_failures": self.replacement_failures,
             "pids": [os.getpid()] * self.size,
             "gpu": self._gpu_statistics(),
         }

@@ -7,16 +7,28 @@ rest into its pre-allocated batch buffers, runs the session (ONNX Runtime, XGBoo
 release the GIL while they compute), hands each request exactly its own rows, and completes it.
 Requests whose variable dimensions differ cannot share a batch: they run as separate groups.
 
-Invariant: the worker never dies with requests unanswered. An error anywhere in a batch (the
-model, gathering, splitting) fails exactly the batch's requests that are not yet answered, with
-the error's text, and the worker goes on to the next batch.
+Invariants
+  1. An Exception anywhere in a batch (the model, gathering, splitting) fails exactly the batch's
+     requests that are not yet answered, with the error's text, and the worker goes on to the
+     next batch (execute.py).
+  2. The worker never ends with requests unanswered. Every descriptor it takes from the ring goes
+     into its hold (``HeldSource``) before anything else can fail; when something escapes the loop
+     (a BaseException from the model, a bug in the batcher or in execute.py: a death), the worker
+     clears its readiness, fails each request of its hold that is still its own and unanswered
+     (same generation, not released, not completed) with WorkerDied naming the model, the worker
+     and the cause, sets the latches of what it completed, closes its session and reports the
+     death to its supervisor (thread_pool.py), which may start a replacement.
+  3. A replacement joins the worker it replaces before loading, so the two never take requests at
+     the same time (a spsc ring's single consumer) and the dead one's answers are all out.
 
 Shutdown order
   1. the runtime closes the request ring (no new request gets in);
   2. each worker drains what is left (ring pops succeed until empty), then sees RingClosed;
-  3. the worker closes its session and ends; the runtime joins it.
+  3. the worker closes its session and ends; the runtime joins it. (RingClosed is the only normal
+     end: anything else that ends the loop is a death, invariant 2.)
 """
 
+import logging
 import threading
 import time
 from bisect import bisect_left
@@ -27,8 +39,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from lumenrt.backends.base import Backend, BackendSession, Placement
-from lumenrt.engine.batcher import Batcher, BatchPolicy, DelayingSource, IdleBoard, PrioritySource, RingSource
+from lumenrt.engine.batcher import (
+    Batcher,
+    BatchPolicy,
+    DelayingSource,
+    IdleBoard,
+    PrioritySource,
+    RingSource,
+    Source,
+)
 from lumenrt.engine.config import ModelConfig
+from lumenrt.engine.descriptors import request_generation
 from lumenrt.engine.execute import (
     CANCELLED_MESSAGE,
     BatchPlan,
@@ -45,9 +66,12 @@ from lumenrt.engine.request import (
     RequestCancelled,
     RequestTable,
     RequestTimeout,
+    WorkerDied,
 )
 from lumenrt.engine.validate import numpy_dtype
 from lumenrt.native import Item, Ring, RingClosed
+
+log = logging.getLogger("lumenrt.engine")
 
 
 @dataclass(slots=True)
@@ -139,6 +163,70 @@ def batch_plan(config: ModelConfig) -> BatchPlan:
     return BatchPlan(config, batch_buffers(config), has_variable_dims(config) and config.max_batch_size > 0)
 
 
+class Supervisor(Protocol):
+    """Who a thread worker reports its death and its failed reloads to (thread_pool.py)."""
+
+    def died(self, worker: "ThreadWorker", error: BaseException) -> None:
+        """``worker`` died of ``error`` (its requests already failed); called from its own thread,
+        last thing."""
+        ...
+
+    def reload_failed(self, worker: "ThreadWorker", error: BaseException) -> float | None:
+        """A replacement could not load: seconds to wait before it tries again, or None to give
+        up (shutdown began)."""
+        ...
+
+    def pause(self, delay_s: float) -> bool:
+        """Wait ``delay_s`` (a replacement's backoff); False at once if shutdown began."""
+        ...
+
+
+class HeldSource:
+    """The worker's source, keeping every descriptor it hands out in ``held`` until the worker
+    answered its request (invariant 2): what a dead worker held is found here, wherever it was
+    (the batch being formed, the batcher's carry, the batch running, a GPU batch in flight).
+    Answered entries are pruned only when the list outgrows ``limit`` (amortised O(1) per request;
+    at most a worker's batches in flight and its carry are unanswered at once)."""
+
+    __slots__ = ("_inner", "_limit", "_records", "held", "rows", "signal", "waiting")
+
+    def __init__(
+        self, inner: Source[Item], records: list[InferRequest], signal: list[int], limit: int
+    ) -> None:
+        self._inner, self._records, self._limit = inner, records, limit
+        self.signal = signal
+        self.held: list[Item] = []
+        # the inner source's own (the batcher calls rows per request: no frame of ours between)
+        self.rows: Callable[[Item], int] = inner.rows
+        self.waiting: Callable[[], int] = inner.waiting
+
+    def take(self, max_n: int, timeout_s: float | None) -> list[Item]:
+        items = self._inner.take(max_n, timeout_s)
+        held = self.held
+        if len(held) > self._limit:
+            held[:] = self.unanswered()
+        held.extend(items)
+        return items
+
+    def unanswered(self) -> list[Item]:
+        """The held descriptors whose request is unanswered, each once. A record still holds the
+        request a descriptor names while its generation is the descriptor's (admission bumps it)
+        and it is not released (``reset`` clears its times, enqueued_ns among them)."""
+        records, seen, out = self._records, set(), []
+        for item in self.held:
+            req = records[item.request_id]
+            times = req.times
+            if (
+                item.request_id not in seen
+                and req.generation == request_generation(item)
+                and times.enqueued_ns != 0
+                and times.completed_ns == 0
+            ):
+                seen.add(item.request_id)
+                out.append(item)
+        return out
+
+
 class ThreadWorker:
     def __init__(
         self,
@@ -157,22 +245,31 @@ class ThreadWorker:
         doorbell: Ring | None = None,
         requeue: Callable[[InferRequest], bool] | None = None,
         host_memory: Any = None,
+        supervisor: Supervisor | None = None,
+        replaces: "ThreadWorker | None" = None,
+        delay_s: float = 0.0,
     ) -> None:
         """``levels`` and ``doorbell``: the priority rings (batcher.PrioritySource), when the model
         has more than one priority level; ``ring`` is then the first level's. ``requeue``: a level's
         timeout_action is DELAY (batcher.DelayingSource). ``host_memory``: the region holding the
         model's arena (a GPU instance with direct copies registers it with its device).
         ``adaptive``: engine.batching 'adaptive' (batch_cost.py; CPU instances: a GPU instance's
-        batches overlap on its device, so its time per batch is not its cost)."""
+        batches overlap on its device, so its time per batch is not its cost).
+        ``supervisor``: told of a death (invariant 2). ``replaces``: the dead worker this one
+        replaces (joined first, its statistics carried on; a failed load is then retried through
+        the supervisor instead of reported), after waiting ``delay_s``."""
         self.index = index
         self._board = board
         self.config = config
         self.placement = placement
-        self.stats = WorkerStats()
-        self.ready = threading.Event()
+        # a replacement writes on in its predecessor's statistics (that one has ended: one writer)
+        self.stats: WorkerStats = replaces.stats if replaces is not None else WorkerStats()
+        self.loaded = threading.Event()  # its load ended, well (ready) or not (load_error)
+        self.ready = threading.Event()  # loaded and serving (cleared at a death)
         self.load_error: BaseException | None = None
         self.native_id = 0  # its thread's id (0: not started), for /proc/<pid>/task/<tid>
         self.serving: Serving | None = None  # once loaded (a GPU instance's reports its device)
+        self.batches_at_load = 0  # stats.batches when it loaded: did it serve before it died?
         self._backend = backend
         self._model_path = model_path
         self._ring = ring
@@ -182,6 +279,10 @@ class ThreadWorker:
         self._host_memory = host_memory
         self._table = table
         self._pin = pin
+        self._supervisor = supervisor
+        self._replaces = replaces  # until joined (then dropped: no chain of dead workers is kept)
+        self._replacement = replaces is not None
+        self._delay_s = delay_s
         self._policy = batch_policy(config, adaptive)
         self._signal: list[int] = []  # requests completed, latches set at the next take
         self._thread = threading.Thread(target=self._run, name=f"lumenrt-{config.name}-w{index}", daemon=True)
@@ -196,18 +297,16 @@ class ThreadWorker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def served(self) -> bool:
+        """It ran a batch since it loaded."""
+        return self.stats.batches > self.batches_at_load
+
     def _run(self) -> None:
-        try:
-            self.native_id = threading.get_native_id()
-            if self._pin:
-                bind_this_thread(self.placement)
-            serving = self._load()
-        except BaseException as e:  # reported by the runtime at load
-            self.load_error = e
-            self.ready.set()
+        self.native_id = threading.get_native_id()
+        serving = self._start_serving()
+        if serving is None:
             return
-        self.serving = serving
-        self.ready.set()
         source: RingSource | PrioritySource | DelayingSource[Item]
         if self._doorbell is not None and self._levels:
             source = PrioritySource(self._levels, self._doorbell, self._table.latches)
@@ -216,15 +315,72 @@ class ThreadWorker:
         if self._requeue is not None:
             source = DelayingSource(source, self._table.records, self._requeue)
         self._signal = source.signal
-        batcher = Batcher(source, self._policy, self._board, self.index)
+        hold = HeldSource(source, self._table.records, self._signal, 4 * self._policy.max_rows + 16)
+        batcher = Batcher(hold, self._policy, self._board, self.index)
         sink = ThreadSink(self.stats, self._table, self._signal)
+        death: BaseException | None = None
         try:
             serving.serve(batcher, self._table.records, sink)
+        except BaseException as e:  # not RingClosed (the serving loop's normal end): a death
+            death = e
+            self.ready.clear()
+            self._fail_held(hold, sink, e)
         finally:
             for index in self._signal:  # completed, but the loop ended before the next take
                 self._table.latches.set(index)
             self._signal.clear()
-            serving.close()
+            try:
+                serving.close()
+            except Exception:
+                log.exception("model %r: worker %d: closing its session failed", self.config.name, self.index)
+        if death is not None:
+            self.serving = None  # closed
+            if self._supervisor is None:
+                raise death
+            self._supervisor.died(self, death)
+
+    def _start_serving(self) -> "Serving | None":
+        """Pin, load and warm up (after the backoff and the predecessor's end, for a replacement);
+        None: the load failed (reported by the runtime at load) or shutdown began meanwhile."""
+        supervisor, delay_s = self._supervisor, self._delay_s
+        if self._replaces is not None:
+            self._replaces.join()  # invariant 3
+            self._replaces = None
+        while True:
+            if self._replacement and supervisor is not None and not supervisor.pause(delay_s):
+                return None
+            try:
+                if self._pin:
+                    bind_this_thread(self.placement)
+                serving = self._load()
+                break
+            except BaseException as e:
+                if not self._replacement or supervisor is None:  # reported by the runtime at load
+                    self.load_error = e
+                    self.loaded.set()
+                    return None
+                retry_in = supervisor.reload_failed(self, e)
+                if retry_in is None:
+                    return None
+                delay_s = retry_in
+        self.serving = serving
+        self.batches_at_load = self.stats.batches
+        self.ready.set()
+        self.loaded.set()
+        return serving
+
+    def _fail_held(self, hold: HeldSource, sink: "ThreadSink", error: BaseException) -> None:
+        """Invariant 2: what the dead worker still held, failed with WorkerDied."""
+        message = (
+            f"model {self.config.name!r}: worker {self.index} died: {type(error).__name__}: {error}; "
+            "request failed"
+        )
+        records = self._table.records
+        for item in hold.unanswered():
+            try:
+                sink.died(records[item.request_id], message, error)
+            except BaseException:  # the caller's callback failed: the others still get theirs
+                log.exception("model %r: failing a request of dead worker %d", self.config.name, self.index)
 
     def _load(self) -> "Serving":
         """The instance's session, loaded and warmed up on this (pinned) thread; a GPU instance's
@@ -348,6 +504,13 @@ class ThreadSink:
     def fail(self, request: InferRequest, message: str, cause: BaseException) -> None:
         self.stats.failures += 1
         error = EngineError(message)
+        error.__cause__ = cause
+        self._complete(request, error)
+
+    def died(self, request: InferRequest, message: str, cause: BaseException) -> None:
+        """Its worker died holding it (ThreadWorker invariant 2): WorkerDied (503)."""
+        self.stats.failures += 1
+        error = WorkerDied(message)
         error.__cause__ = cause
         self._complete(request, error)
 
