@@ -5,11 +5,16 @@
  *      thread/process awaiting reclaim. Only lrt_ring_recover() frees the entry of a dead process
  *      (after resolving its claims); registration frees the entry of an exited thread of a live
  *      process, whose claims are necessarily 0.
- *   2. Bit i of pop_mask/push_mask is set only by agent i (before it sleeps) and cleared by anyone
- *      who wakes it, by agent i itself after waking, or by recovery. A set bit for a dead agent
- *      costs one wasted FUTEX_WAKE, then it is gone (the waker clears it and goes on to the next).
+ *   2. Agent i's bit of the pop/push masks (bit i % 64 of word i / 64, internal.h "Wait masks") is
+ *      set only by agent i (before it sleeps) and cleared by anyone who wakes it, by agent i itself
+ *      after waking, or by recovery. A set bit for a dead agent costs one wasted FUTEX_WAKE, then
+ *      it is gone (the waker clears it and goes on to the next, in this word and the following).
  *   3. A waker bumps the sleeper's futex word before FUTEX_WAKE; the sleeper passed the value it
  *      read before setting its bit, so a wake-up between "set bit" and "futex_wait" is never lost.
+ *   4. Registration takes the lowest free entry and, before returning it, raises words_used to
+ *      cover it (W1): no bit is ever set in a word that the wake checks do not read.
+ *   5. Every loop over entries stops at the ring's own max_agents, every loop over wait words at
+ *      its nwords (both from the header, checked against the region's size at attach).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -73,50 +78,61 @@ int lrt_agent_thread_alive(const lrt_agent *a) {
     return lrt_agent_alive(a) && thread_alive(owner);
 }
 
-static int agent_reset(lrt_ring_hdr *h, int i) {
-    uint64_t bit = 1ull << i;
-    atomic_fetch_and(&h->pop_mask, ~bit);
-    atomic_fetch_and(&h->push_mask, ~bit);
-    int was_spinning = (atomic_fetch_and(&h->pop_spin_mask, ~bit) & bit) != 0;
-    atomic_store(&h->agents[i].push_claim, 0);
-    atomic_store(&h->agents[i].pop_claim, 0);
+static int agent_reset(lrt_ring *r, int i) {
+    lrt_wait_word *w = lrt_wait_word_of(r, i);
+    uint64_t bit = lrt_wait_bit(i);
+    atomic_fetch_and(&w->m[LRT_WAIT_POP], ~bit);
+    atomic_fetch_and(&w->m[LRT_WAIT_PUSH], ~bit);
+    int was_spinning = (atomic_fetch_and(&w->m[LRT_WAIT_SPIN], ~bit) & bit) != 0;
+    atomic_store(&r->agents[i].push_claim, 0);
+    atomic_store(&r->agents[i].pop_claim, 0);
     return was_spinning;
 }
 
-int lrt_agent_release(lrt_ring_hdr *h, int i) {
-    int was_spinning = agent_reset(h, i);
-    atomic_store(&h->agents[i].starttime, 0);
-    atomic_store(&h->agents[i].owner, 0); /* seq_cst: the reset above is visible to the next owner */
+int lrt_agent_release(lrt_ring *r, int i) {
+    int was_spinning = agent_reset(r, i);
+    atomic_store(&r->agents[i].starttime, 0);
+    atomic_store(&r->agents[i].owner, 0); /* seq_cst: the reset above is visible to the next owner */
     return was_spinning;
+}
+
+/* Invariant 4: words_used covers agent i before agent i can set a bit. */
+static void note_word_in_use(lrt_ring *r, int i) {
+    uint32_t want = (uint32_t)(i >> 6) + 1;
+    uint32_t cur = atomic_load(&r->hdr->words_used);
+    while (cur < want && !atomic_compare_exchange_weak(&r->hdr->words_used, &cur, want)) {
+    }
 }
 
 static int agent_register(lrt_ring *r) {
-    lrt_ring_hdr *h = r->hdr;
+    lrt_agent *agents = r->agents;
+    int n = (int)r->max_agents;
     uint64_t key = ((uint64_t)(uint32_t)getpid() << 32) | (uint32_t)syscall(SYS_gettid);
     for (int attempt = 0; attempt < 2; attempt++) {
-        for (int i = 0; i < LRT_MAX_AGENTS; i++) {
-            if (atomic_load(&h->agents[i].owner) != key) continue;
-            if (atomic_load(&h->agents[i].starttime) == self_starttime()) return i; /* cache evicted */
+        for (int i = 0; i < n; i++) {
+            if (atomic_load(&agents[i].owner) != key) continue;
+            if (atomic_load(&agents[i].starttime) == self_starttime()) return i; /* cache evicted */
             lrt_ring_recover(r, NULL, -1); /* a dead process whose pid and tid we reuse: repair it */
         }
-        for (int i = 0; i < LRT_MAX_AGENTS; i++) {
+        for (int i = 0; i < n; i++) {
             uint64_t expect = 0;
-            if (atomic_load(&h->agents[i].owner) == 0 &&
-                atomic_compare_exchange_strong(&h->agents[i].owner, &expect, key)) {
-                atomic_store(&h->agents[i].starttime, self_starttime());
-                (void)agent_reset(h, i);
+            if (atomic_load(&agents[i].owner) == 0 &&
+                atomic_compare_exchange_strong(&agents[i].owner, &expect, key)) {
+                atomic_store(&agents[i].starttime, self_starttime());
+                (void)agent_reset(r, i);
+                note_word_in_use(r, i);
                 return i;
             }
         }
         /* Table full: drop entries of exited threads of live processes (their claims are 0), and
          * let recovery free the entries of dead processes. */
-        for (int i = 0; i < LRT_MAX_AGENTS; i++) {
-            uint64_t o = atomic_load(&h->agents[i].owner);
+        for (int i = 0; i < n; i++) {
+            uint64_t o = atomic_load(&agents[i].owner);
             if (o == 0 || o == LRT_OWNER_RECLAIMING || thread_alive(o)) continue;
-            if (!lrt_agent_alive(&h->agents[i])) continue; /* dead process: recovery below */
-            if (atomic_load(&h->agents[i].push_claim) || atomic_load(&h->agents[i].pop_claim)) continue;
-            if (atomic_compare_exchange_strong(&h->agents[i].owner, &o, LRT_OWNER_RECLAIMING) &&
-                lrt_agent_release(h, i))
+            if (!lrt_agent_alive(&agents[i])) continue; /* dead process: recovery below */
+            if (atomic_load(&agents[i].push_claim) || atomic_load(&agents[i].pop_claim)) continue;
+            if (atomic_compare_exchange_strong(&agents[i].owner, &o, LRT_OWNER_RECLAIMING) &&
+                lrt_agent_release(r, i))
                 lrt_wake_all(r);
         }
         /* push-only: a dead consumer's held descriptor is reported to the owner's recover() */
@@ -165,35 +181,43 @@ static long futex_wake(lrt_ring *r, _Atomic uint32_t *word, int n) {
     return syscall(SYS_futex, (uint32_t *)word, op, n, NULL, NULL, 0);
 }
 
-void lrt_wake_one(lrt_ring *r, _Atomic uint64_t *mask, int pop_side) {
-    uint64_t m = atomic_load(mask);
-    while (m) {
-        int i = __builtin_ctzll(m);
-        uint64_t bit = 1ull << i;
-        uint64_t old = atomic_fetch_and(mask, ~bit);
-        if (old & bit) {
-            lrt_agent *a = &r->hdr->agents[i];
-            _Atomic uint32_t *w = pop_side ? &a->pop_word : &a->push_word;
-            atomic_fetch_add(w, 1);
-            /* > 0: a sleeper is up and will take the element. 0: agent i had not gone to sleep
-             * yet (it will see its word changed and re-check) or is dead; try the next one so a
-             * dead sleeper cannot swallow the wake-up. */
-            if (futex_wake(r, w, 1) > 0) return;
+int lrt_wake_one(lrt_ring *r, int which) {
+    uint32_t n = lrt_words_in_use(r);
+    for (uint32_t k = 0; k < n; k++) {
+        _Atomic uint64_t *mask = &r->waits[k].m[which];
+        uint64_t m = atomic_load(mask);
+        while (m) {
+            int b = __builtin_ctzll(m);
+            uint64_t bit = 1ull << b;
+            uint64_t old = atomic_fetch_and(mask, ~bit);
+            if (old & bit) {
+                lrt_agent *a = &r->agents[(k << 6) + (uint32_t)b];
+                _Atomic uint32_t *w = which == LRT_WAIT_POP ? &a->pop_word : &a->push_word;
+                atomic_fetch_add(w, 1);
+                /* > 0: a sleeper is up and will take the element. 0: that agent had not gone to
+                 * sleep yet (it will see its word changed and re-check) or is dead; try the next
+                 * one so a dead sleeper cannot swallow the wake-up. */
+                if (futex_wake(r, w, 1) > 0) return 1;
+            }
+            m = atomic_load(mask);
         }
-        m = atomic_load(mask);
     }
+    return 0;
 }
 
 void lrt_wake_all(lrt_ring *r) {
-    lrt_ring_hdr *h = r->hdr;
-    for (int side = 0; side < 2; side++) {
-        uint64_t m = atomic_exchange(side ? &h->pop_mask : &h->push_mask, 0);
-        while (m) {
-            int i = __builtin_ctzll(m);
-            m &= m - 1;
-            _Atomic uint32_t *w = side ? &h->agents[i].pop_word : &h->agents[i].push_word;
-            atomic_fetch_add(w, 1);
-            futex_wake(r, w, INT_MAX);
+    /* every word of the table, not only those in use: slow path (close, recovery) */
+    for (uint32_t k = 0; k < r->nwords; k++) {
+        for (int which = LRT_WAIT_POP; which <= LRT_WAIT_PUSH; which++) {
+            uint64_t m = atomic_exchange(&r->waits[k].m[which], 0);
+            while (m) {
+                int b = __builtin_ctzll(m);
+                m &= m - 1;
+                lrt_agent *a = &r->agents[(k << 6) + (uint32_t)b];
+                _Atomic uint32_t *w = which == LRT_WAIT_POP ? &a->pop_word : &a->push_word;
+                atomic_fetch_add(w, 1);
+                futex_wake(r, w, INT_MAX);
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ const char *lrt_strerror(int rc) {
     case LRT_EBADREGION: return "region holds no valid structure of this kind and version";
     case LRT_EXHAUSTED: return "arena exhausted";
     case LRT_EDOUBLEFREE: return "slot is not allocated (double free?)";
-    case LRT_EAGENTS: return "too many threads use this ring (LRT_MAX_AGENTS)";
+    case LRT_EAGENTS: return "too many threads use this ring (more than its agent table, max_agents, holds)";
     case LRT_EMISUSE: return "spsc ring already has a live producer/consumer";
     case LRT_ESYS: return "system call failed";
     case LRT_EEXIST: return "shared memory segment already exists";

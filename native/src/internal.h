@@ -2,9 +2,13 @@
  *
  * Region layout of a ring (all offsets from the region start, every block on its own cache line):
  *
- *   lrt_ring_hdr   immutable config | tail (producers) | head (consumers) | wait masks + closed |
- *                  counters | mutex (mutex kinds) / spsc owners | agents[LRT_MAX_AGENTS]
- *   lrt_cell[capacity]  8-byte sequence + 56-byte descriptor = one cache line each
+ *   lrt_ring_hdr   immutable config | tail (producers) | head (consumers) | closed + words in use |
+ *                  counters | mutex (mutex kinds) / spsc owners
+ *   lrt_wait_word waits[nwords]   wait masks: 64 agents per word, two words per cache line
+ *   lrt_agent agents[max_agents]  one cache line each
+ *   lrt_cell cells[capacity]      8-byte sequence + 56-byte descriptor = one cache line each
+ *
+ * where nwords = ceil(max_agents / 64) and max_agents is chosen at create (lrt_ring_config).
  *
  * Agents. Each thread that touches a ring owns one entry of agents[] (looked up through a
  * thread-local cache, registered on first use: the only system calls are at registration). An
@@ -15,6 +19,23 @@
  *   - MPMC claim records (push_claim, pop_claim = position + 1 while between claiming a cell and
  *     publishing/releasing it), which let lrt_ring_recover() repair a cell left half-done by a
  *     process killed in that window.
+ *
+ * Wait masks. Agent i is bit i % 64 of word i / 64 of three masks: pop (asleep, or about to be, in
+ * a pop), push (in a push) and spin (in its timed pop spin). The check every push and pop makes
+ * (lrt_after_push, lrt_after_pop) reads only the words in use:
+ *   W1. words_used never decreases, and is >= i / 64 + 1 once agent i has registered: registration
+ *       raises it (seq_cst RMW; or reads it raised already) before the agent can set any bit. So a
+ *       check that reads words_used after its fence sees every word in which a bit set before the
+ *       sleeper's fence can lie (the same fence pair as the bit itself, below).
+ *   W2. Registration takes the lowest free entry, so words_used counts, in words of 64, the most
+ *       entries held at once (entries of exited threads included until they are reused): a table
+ *       larger than its users costs memory only. A table of at most 64 entries has one word, read
+ *       directly (words_used is not read): the check is a fence and two loads of one cache line,
+ *       as it was before tables grew.
+ *   W3. Each word pairs with the check exactly as a single mask did (Dekker: the sleeper's RMW on
+ *       its word then fence, against the checker's fence then load of that word), so every
+ *       invariant stated for one mask (agents.c, ring.c) holds word by word; nothing compares or
+ *       updates two words together.
  */
 #ifndef LRT_INTERNAL_H
 #define LRT_INTERNAL_H
@@ -33,7 +54,7 @@
 
 #define LRT_ALIGNED __attribute__((aligned(64)))
 #define LRT_RING_MAGIC 0x4c525452494e4731ull /* "LRTRING1" */
-#define LRT_RING_VERSION 1u
+#define LRT_RING_VERSION 2u /* 2: agent table of max_agents entries and wait words after the header */
 
 /* agents[i].owner while one recoverer resolves a dead agent: only the CAS winner touches it. */
 #define LRT_OWNER_RECLAIMING UINT64_MAX
@@ -58,6 +79,19 @@ typedef struct lrt_cell {
 } lrt_cell;
 _Static_assert(sizeof(lrt_cell) == LRT_CACHELINE, "one cell per cache line");
 
+/* One 64-agent word of each wait mask (see "Wait masks" at the top). Read by every push (pop,
+ * spin) and pop (push) after a fence; written only when a thread goes to sleep, spins or is woken,
+ * so its line stays shared-clean while the ring is busy. */
+enum { LRT_WAIT_POP = 0, LRT_WAIT_PUSH = 1, LRT_WAIT_SPIN = 2 };
+typedef struct lrt_wait_word {
+    /* [LRT_WAIT_POP] bit b: agent 64k + b sleeps (or is about to) in pop;
+     * [LRT_WAIT_PUSH] ... sleeps in push; [LRT_WAIT_SPIN] ... is in its timed pop spin (a push
+     * wakes no one while a bit is set) */
+    _Atomic uint64_t m[3];
+    uint64_t pad_;
+} lrt_wait_word;
+_Static_assert(sizeof(lrt_wait_word) == 32, "two wait words per cache line");
+
 typedef struct lrt_ring_hdr {
     /* immutable after create */
     uint64_t magic;
@@ -68,17 +102,15 @@ typedef struct lrt_ring_hdr {
     uint32_t flags;
     int32_t spin_iters;
     int32_t yield_iters;
-    uint32_t pad0_;
+    uint32_t max_agents;  /* entries of agents[]; the wait masks have ceil(max_agents / 64) words */
 
     LRT_ALIGNED _Atomic uint64_t tail; /* next position a producer claims */
     LRT_ALIGNED _Atomic uint64_t head; /* next position a consumer claims */
 
-    /* Read by every push (pop_mask) and pop (push_mask) after a fence; written only when a thread
-     * goes to sleep or is woken, so this line stays shared-clean while the ring is busy. */
-    LRT_ALIGNED _Atomic uint64_t pop_mask;  /* bit i: agent i sleeps (or is about to) in pop */
-    _Atomic uint64_t push_mask;             /* bit i: agent i sleeps in push */
-    _Atomic uint32_t closed;
-    _Atomic uint64_t pop_spin_mask; /* bit i: agent i is in its timed pop spin (a push wakes no one) */
+    /* Read by every push and pop; written once (closed) or at the registration of an agent in a
+     * word not used before (words_used), so this line stays shared-clean. */
+    LRT_ALIGNED _Atomic uint32_t closed;
+    _Atomic uint32_t words_used; /* wait-mask words that may hold a bit (W1); 1 at create */
 
     /* slow-path counters */
     LRT_ALIGNED _Atomic uint64_t futex_waits;
@@ -90,23 +122,32 @@ typedef struct lrt_ring_hdr {
     LRT_ALIGNED pthread_mutex_t mtx;
     _Atomic int32_t spsc_producer; /* agent index, -1 = none */
     _Atomic int32_t spsc_consumer;
-
-    LRT_ALIGNED lrt_agent agents[LRT_MAX_AGENTS];
 } lrt_ring_hdr;
 
 _Static_assert(offsetof(lrt_ring_hdr, tail) % LRT_CACHELINE == 0, "tail on its own line");
 _Static_assert(offsetof(lrt_ring_hdr, head) - offsetof(lrt_ring_hdr, tail) >= LRT_CACHELINE,
                "head and tail on separate cache lines");
-_Static_assert(offsetof(lrt_ring_hdr, pop_mask) - offsetof(lrt_ring_hdr, head) >= LRT_CACHELINE,
-               "wait masks off the head line");
-_Static_assert(sizeof(lrt_ring_hdr) % LRT_CACHELINE == 0, "cells start on a cache line");
-_Static_assert(LRT_MAX_AGENTS <= 64, "wait masks are 64-bit");
+_Static_assert(offsetof(lrt_ring_hdr, closed) - offsetof(lrt_ring_hdr, head) >= LRT_CACHELINE,
+               "closed off the head line");
+_Static_assert(sizeof(lrt_ring_hdr) % LRT_CACHELINE == 0, "wait words start on a cache line");
+_Static_assert(LRT_RING_MAX_AGENTS % 64 == 0 && LRT_RING_MAX_AGENTS <= (1 << 20), "agent indices fit");
 
-/* Process-local handle. */
+static inline uint32_t lrt_wait_words(uint32_t max_agents) { return (max_agents + 63) / 64; }
+/* Bytes of the wait words, whole cache lines. */
+static inline size_t lrt_wait_bytes(uint32_t max_agents) {
+    size_t b = (size_t)lrt_wait_words(max_agents) * sizeof(lrt_wait_word);
+    return (b + LRT_CACHELINE - 1) & ~(size_t)(LRT_CACHELINE - 1);
+}
+
+/* Process-local handle. The pointers and sizes are derived from the header's immutable fields. */
 struct lrt_ring {
     lrt_ring_hdr *hdr;
+    lrt_wait_word *waits; /* [nwords] */
+    lrt_agent *agents;    /* [max_agents] */
     lrt_cell *cells;
     uint64_t mask;
+    uint32_t max_agents;
+    uint32_t nwords;
     uint32_t kind;
     int futex_private;
     int interruptible;
@@ -123,28 +164,48 @@ int lrt_agent_thread_alive(const lrt_agent *a); /* slow: the owning thread itsel
 /* Free agent i, which the caller owns in state LRT_OWNER_RECLAIMING (claims resolved). */
 /* Returns 1 if the agent was in its timed spin: pushes may have skipped waking sleepers because of
  * it, so the caller wakes them all (lrt_wake_all). */
-int lrt_agent_release(lrt_ring_hdr *h, int i);
-void lrt_wake_one(lrt_ring *r, _Atomic uint64_t *mask, int pop_side);
+int lrt_agent_release(lrt_ring *r, int i);
+/* Wake one sleeper of mask `which` (LRT_WAIT_POP or LRT_WAIT_PUSH); 1 if one was woken. */
+int lrt_wake_one(lrt_ring *r, int which);
 void lrt_wake_all(lrt_ring *r);
 int lrt_futex_wait(lrt_ring *r, _Atomic uint32_t *word, uint32_t expected, int64_t timeout_ns);
 
+/* This agent's word and bit in the wait masks. */
+static inline lrt_wait_word *lrt_wait_word_of(const lrt_ring *r, int agent) { return &r->waits[agent >> 6]; }
+static inline uint64_t lrt_wait_bit(int agent) { return 1ull << (agent & 63); }
+
+/* Words of the wait masks that may hold a bit (W1, W2): call after the fence. */
+static inline uint32_t lrt_words_in_use(const lrt_ring *r) {
+    if (r->nwords == 1) return 1;
+    uint32_t n = atomic_load_explicit(&r->hdr->words_used, memory_order_relaxed);
+    return n < r->nwords ? n : r->nwords; /* never past the table, whatever the region says */
+}
+
+/* Some bit of mask `which` is set in the first n words. */
+static inline int lrt_any_waiting(const lrt_ring *r, uint32_t n, int which) {
+    for (uint32_t k = 0; k < n; k++)
+        if (atomic_load_explicit(&r->waits[k].m[which], memory_order_relaxed) != 0) return 1;
+    return 0;
+}
+
 /* Called after a push (pop side) or a pop (push side) has published: wake one sleeper if any.
- * seq_cst fence: pairs with the sleeper's fetch_or on the mask followed by its re-check of the
- * ring (Dekker): either the sleeper sees our element or we see its bit. */
+ * seq_cst fence: pairs with the sleeper's fetch_or on its mask word followed by its re-check of
+ * the ring (Dekker, word by word: W3): either the sleeper sees our element or we see its bit. */
 static inline void lrt_after_push(lrt_ring *r) {
     atomic_thread_fence(memory_order_seq_cst);
+    uint32_t n = lrt_words_in_use(r);
     /* A consumer still in its timed spin will take this element (it re-checks the ring after it
      * stops spinning, see wait_loop), so a sleeper is left asleep: no system call, and no idle
      * worker woken only to find the ring empty again. */
-    if (atomic_load_explicit(&r->hdr->pop_spin_mask, memory_order_relaxed) != 0) return;
-    if (atomic_load_explicit(&r->hdr->pop_mask, memory_order_relaxed) != 0)
-        lrt_wake_one(r, &r->hdr->pop_mask, 1);
+    if (lrt_any_waiting(r, n, LRT_WAIT_SPIN)) return;
+    if (lrt_any_waiting(r, n, LRT_WAIT_POP)) lrt_wake_one(r, LRT_WAIT_POP);
 }
 static inline void lrt_after_pop(lrt_ring *r, int n_freed) {
     atomic_thread_fence(memory_order_seq_cst);
+    uint32_t n = lrt_words_in_use(r);
     /* n cells freed: up to n producers can proceed */
-    for (int i = 0; i < n_freed && atomic_load_explicit(&r->hdr->push_mask, memory_order_relaxed) != 0; i++)
-        lrt_wake_one(r, &r->hdr->push_mask, 0);
+    for (int i = 0; i < n_freed && lrt_any_waiting(r, n, LRT_WAIT_PUSH); i++)
+        if (!lrt_wake_one(r, LRT_WAIT_PUSH)) break;
 }
 
 /* kind-specific try operations (ring_mpmc.c, ring_spsc.c, ring_mutex.c) */

@@ -1,10 +1,11 @@
 /* lumenrt native core: the ring interface — create/attach, dispatch by kind, blocking waits.
  *
- * Waiting (pop side; the push side mirrors it with push_mask/push_word):
+ * Waiting (pop side; the push side mirrors it with the push mask and push_word):
  *   1. try; if the ring is empty, poll spin_iters times with a CPU pause, then yield_iters times with
  *      sched_yield (only now, with the ring really empty, may system calls happen);
- *   2. read my futex word w, set my bit in pop_mask (seq_cst RMW + fence), try once more — a push
- *      that published before my bit was visible is seen here (Dekker pair with lrt_after_push);
+ *   2. read my futex word w, set my bit in the pop mask (in my word of it: internal.h "Wait masks";
+ *      seq_cst RMW + fence), try once more — a push that published before my bit was visible is
+ *      seen here (Dekker pair with lrt_after_push);
  *   3. futex_wait(word, w, remaining); clear my bit; go to 2 until an element, close or deadline.
  * A wake-up between 2 and 3 bumps the word, so futex_wait returns at once: nothing is lost.
  *
@@ -54,9 +55,21 @@ int lrt_ring_kind_from_name(const char *name) {
     return LRT_EINVAL;
 }
 
+/* Offsets of the blocks after the header (internal.h, region layout). */
+static size_t agents_offset(uint32_t max_agents) { return sizeof(lrt_ring_hdr) + lrt_wait_bytes(max_agents); }
+static size_t cells_offset(uint32_t max_agents) {
+    return agents_offset(max_agents) + (size_t)max_agents * sizeof(lrt_agent);
+}
+
+size_t lrt_ring_required_bytes_agents(uint64_t capacity, uint32_t max_agents) {
+    if (max_agents == 0) max_agents = LRT_RING_DEFAULT_AGENTS;
+    /* refused by create anyway; never overflow */
+    if (capacity > (1ull << 32) || max_agents > LRT_RING_MAX_AGENTS) return SIZE_MAX;
+    return cells_offset(max_agents) + (size_t)capacity * sizeof(lrt_cell);
+}
+
 size_t lrt_ring_required_bytes(uint64_t capacity) {
-    if (capacity > (1ull << 32)) return SIZE_MAX; /* refused by create anyway; never overflow */
-    return sizeof(lrt_ring_hdr) + (size_t)capacity * sizeof(lrt_cell);
+    return lrt_ring_required_bytes_agents(capacity, LRT_RING_DEFAULT_AGENTS);
 }
 
 static int make_handle(void *region, lrt_ring **out) {
@@ -64,7 +77,11 @@ static int make_handle(void *region, lrt_ring **out) {
     if (posix_memalign((void **)&r, LRT_CACHELINE, sizeof(*r)) != 0) return LRT_ESYS;
     memset(r, 0, sizeof(*r));
     r->hdr = (lrt_ring_hdr *)region;
-    r->cells = (lrt_cell *)((char *)region + sizeof(lrt_ring_hdr));
+    r->max_agents = r->hdr->max_agents;
+    r->nwords = lrt_wait_words(r->max_agents);
+    r->waits = (lrt_wait_word *)((char *)region + sizeof(lrt_ring_hdr));
+    r->agents = (lrt_agent *)((char *)region + agents_offset(r->max_agents));
+    r->cells = (lrt_cell *)((char *)region + cells_offset(r->max_agents));
     r->mask = r->hdr->capacity - 1;
     r->kind = r->hdr->kind;
     r->futex_private = !(r->hdr->flags & LRT_RING_PSHARED);
@@ -77,21 +94,26 @@ int lrt_ring_create(void *region, size_t region_bytes, const lrt_ring_config *cf
     uint64_t cap = cfg->capacity;
     if (cap < 2 || (cap & (cap - 1)) != 0 || cap > (1ull << 32)) return LRT_EINVAL;
     if (cfg->kind < LRT_RING_MPMC || cfg->kind > LRT_RING_BATCHED) return LRT_EINVAL;
-    if (region_bytes < lrt_ring_required_bytes(cap)) return LRT_EINVAL;
+    uint32_t max_agents = cfg->max_agents ? cfg->max_agents : LRT_RING_DEFAULT_AGENTS;
+    if (max_agents > LRT_RING_MAX_AGENTS) return LRT_EINVAL;
+    if (region_bytes < lrt_ring_required_bytes_agents(cap, max_agents)) return LRT_EINVAL;
 
     lrt_ring_hdr *h = (lrt_ring_hdr *)region;
-    memset(h, 0, sizeof(*h));
+    /* header, wait words and agent table: every mask bit clear, every entry free */
+    memset(h, 0, cells_offset(max_agents));
     int mutex_kind = cfg->kind == LRT_RING_NAIVE || cfg->kind == LRT_RING_BATCHED;
     h->version = LRT_RING_VERSION;
     h->kind = cfg->kind;
     h->capacity = cap;
+    h->max_agents = max_agents;
+    atomic_init(&h->words_used, 1);
     h->flags = cfg->flags;
     h->uid = splitmix64(lrt_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)region);
     h->spin_iters = cfg->spin_iters >= 0 ? cfg->spin_iters : LRT_DEFAULT_SPIN;
     h->yield_iters = cfg->yield_iters >= 0 ? cfg->yield_iters : LRT_DEFAULT_YIELD;
     atomic_init(&h->spsc_producer, -1);
     atomic_init(&h->spsc_consumer, -1);
-    lrt_cell *cells = (lrt_cell *)((char *)region + sizeof(lrt_ring_hdr));
+    lrt_cell *cells = (lrt_cell *)((char *)region + cells_offset(max_agents));
     for (uint64_t i = 0; i < cap; i++) {
         atomic_init(&cells[i].seq, i);
         memset(&cells[i].d, 0, sizeof(cells[i].d));
@@ -108,8 +130,9 @@ int lrt_ring_attach(void *region, size_t region_bytes, lrt_ring **out) {
     lrt_ring_hdr *h = (lrt_ring_hdr *)region;
     if (atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire) != LRT_RING_MAGIC ||
         h->version != LRT_RING_VERSION || h->kind < LRT_RING_MPMC || h->kind > LRT_RING_BATCHED ||
-        h->capacity < 2 || (h->capacity & (h->capacity - 1)) != 0 ||
-        region_bytes < lrt_ring_required_bytes(h->capacity))
+        h->capacity < 2 || (h->capacity & (h->capacity - 1)) != 0 || h->capacity > (1ull << 32) ||
+        h->max_agents == 0 || h->max_agents > LRT_RING_MAX_AGENTS ||
+        region_bytes < lrt_ring_required_bytes_agents(h->capacity, h->max_agents))
         return LRT_EBADREGION;
     return make_handle(region, out);
 }
@@ -192,8 +215,10 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
          * that saw us spinning is seen by that re-check. One that found work while others sleep
          * and more is waiting passes the wake on (the push skipped it). */
         int spin_agent = pop_side ? lrt_agent_index(r) : -1;
-        uint64_t spin_bit = spin_agent >= 0 ? 1ull << spin_agent : 0;
-        if (spin_bit) atomic_fetch_or(&h->pop_spin_mask, spin_bit);
+        uint64_t spin_bit = spin_agent >= 0 ? lrt_wait_bit(spin_agent) : 0;
+        _Atomic uint64_t *spin_word =
+            spin_agent >= 0 ? &lrt_wait_word_of(r, spin_agent)->m[LRT_WAIT_SPIN] : NULL;
+        if (spin_bit) atomic_fetch_or(spin_word, spin_bit);
         uint64_t spin_end = lrt_now_ns() + (uint64_t)r->spin_ns;
         if (spin_end > deadline) spin_end = deadline;
         for (unsigned i = 1;; i++) {
@@ -203,10 +228,10 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
             if ((i & 15u) == 0 && lrt_now_ns() >= spin_end) break;
         }
         if (spin_bit) {
-            atomic_fetch_and(&h->pop_spin_mask, ~spin_bit);
+            atomic_fetch_and(spin_word, ~spin_bit);
             atomic_thread_fence(memory_order_seq_cst);
-            if (!RETRY(rc) && lrt_ring_len(r) > 0 && atomic_load(&h->pop_mask) != 0)
-                lrt_wake_one(r, &h->pop_mask, 1);
+            if (!RETRY(rc) && lrt_ring_len(r) > 0 && lrt_any_waiting(r, lrt_words_in_use(r), LRT_WAIT_POP))
+                lrt_wake_one(r, LRT_WAIT_POP);
         }
         if (!RETRY(rc)) return rc;
         if (lrt_now_ns() >= deadline) return LRT_TIMEOUT;
@@ -220,9 +245,9 @@ static int wait_loop(lrt_ring *r, int pop_side, lrt_desc *out, int max_n, const 
 
     int ai = lrt_agent_index(r);
     if (ai < 0) return ai;
-    lrt_agent *a = &h->agents[ai];
-    uint64_t bit = 1ull << ai;
-    _Atomic uint64_t *mask = pop_side ? &h->pop_mask : &h->push_mask;
+    lrt_agent *a = &r->agents[ai];
+    uint64_t bit = lrt_wait_bit(ai);
+    _Atomic uint64_t *mask = &lrt_wait_word_of(r, ai)->m[pop_side ? LRT_WAIT_POP : LRT_WAIT_PUSH];
     _Atomic uint32_t *word = pop_side ? &a->pop_word : &a->push_word;
     for (;;) {
         uint32_t w = atomic_load_explicit(word, memory_order_acquire);
@@ -306,6 +331,7 @@ uint64_t lrt_ring_len(const lrt_ring *r) {
 }
 
 uint64_t lrt_ring_capacity(const lrt_ring *r) { return r->hdr->capacity; }
+uint32_t lrt_ring_max_agents(const lrt_ring *r) { return r->max_agents; }
 lrt_ring_kind lrt_ring_get_kind(const lrt_ring *r) { return (lrt_ring_kind)r->kind; }
 
 void lrt_ring_get_stats(const lrt_ring *r, lrt_ring_stats *s) {
@@ -320,21 +346,22 @@ void lrt_ring_get_stats(const lrt_ring *r, lrt_ring_stats *s) {
     s->tombstones = atomic_load(&((lrt_ring_hdr *)h)->tombstones);
     s->released = atomic_load(&((lrt_ring_hdr *)h)->released);
     s->closed = atomic_load(&((lrt_ring_hdr *)h)->closed);
-    for (int i = 0; i < LRT_MAX_AGENTS; i++)
-        s->agents += atomic_load(&((lrt_ring_hdr *)h)->agents[i].owner) != 0;
+    for (uint32_t i = 0; i < r->max_agents; i++) s->agents += atomic_load(&r->agents[i].owner) != 0;
+    s->max_agents = r->max_agents;
+    s->agent_words = r->nwords == 1 ? 1 : atomic_load(&((lrt_ring_hdr *)h)->words_used);
 }
 
 int lrt_ring_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
     if (r->kind == LRT_RING_MPMC) return lrt_mpmc_recover(r, lost, max_lost);
     /* Other kinds hold no claims: a dead process leaves them consistent (single-store commits
      * under a robust mutex, or a single-writer index). Only its agent entry is freed. */
-    lrt_ring_hdr *h = r->hdr;
     int spinner_died = 0;
-    for (int i = 0; i < LRT_MAX_AGENTS; i++) {
-        uint64_t o = atomic_load(&h->agents[i].owner);
-        if (o == 0 || o == LRT_OWNER_RECLAIMING || lrt_agent_alive(&h->agents[i])) continue;
-        if (atomic_compare_exchange_strong(&h->agents[i].owner, &o, LRT_OWNER_RECLAIMING))
-            spinner_died |= lrt_agent_release(h, i);
+    for (int i = 0; i < (int)r->max_agents; i++) {
+        lrt_agent *a = &r->agents[i];
+        uint64_t o = atomic_load(&a->owner);
+        if (o == 0 || o == LRT_OWNER_RECLAIMING || lrt_agent_alive(a)) continue;
+        if (atomic_compare_exchange_strong(&a->owner, &o, LRT_OWNER_RECLAIMING))
+            spinner_died |= lrt_agent_release(r, i);
     }
     if (spinner_died) lrt_wake_all(r);
     return 0;

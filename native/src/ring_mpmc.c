@@ -26,7 +26,7 @@
 
 static inline lrt_agent *my_agent(lrt_ring *r) {
     int ai = lrt_agent_index(r);
-    return ai < 0 ? NULL : &r->hdr->agents[ai];
+    return ai < 0 ? NULL : &r->agents[ai];
 }
 
 int lrt_mpmc_try_push(lrt_ring *r, const lrt_desc *d) {
@@ -104,9 +104,9 @@ int lrt_mpmc_stalled(const lrt_ring *r, int pop_side) {
     return tail - head < h->capacity;  /* room exists, yet the ring looked full */
 }
 
-static int claimed_by_live_agent(lrt_ring_hdr *h, int pop_side, uint64_t claim) {
-    for (int i = 0; i < LRT_MAX_AGENTS; i++) {
-        lrt_agent *a = &h->agents[i];
+static int claimed_by_live_agent(const lrt_ring *r, int pop_side, uint64_t claim) {
+    for (uint32_t i = 0; i < r->max_agents; i++) {
+        lrt_agent *a = &r->agents[i];
         uint64_t o = atomic_load(&a->owner);
         if (o == 0 || o == LRT_OWNER_RECLAIMING) continue;
         /* acquire: pairs with the release clearing the claim after publish */
@@ -122,7 +122,7 @@ static int repair_push(lrt_ring *r, uint64_t p) {
     if (atomic_load(&h->tail) <= p) return 1; /* the claim's CAS never succeeded */
     lrt_cell *c = &r->cells[p & r->mask];
     if (atomic_load(&c->seq) != p) return 1;  /* published (or long since recycled) */
-    if (claimed_by_live_agent(h, 0, p + 1)) return 0;
+    if (claimed_by_live_agent(r, 0, p + 1)) return 0;
     uint64_t expect = p;
     if (!atomic_compare_exchange_strong(&c->seq, &expect, p | LRT_SEQ_REPAIR)) return 1;
     memset(&c->d, 0, sizeof(c->d));
@@ -138,7 +138,7 @@ static int repair_pop(lrt_ring *r, uint64_t p, lrt_desc *lost, int max_lost, int
     if (atomic_load(&h->head) <= p) return 1;
     lrt_cell *c = &r->cells[p & r->mask];
     if (atomic_load(&c->seq) != p + 1) return 1; /* released */
-    if (claimed_by_live_agent(h, 1, p + 1)) return 0;
+    if (claimed_by_live_agent(r, 1, p + 1)) return 0;
     lrt_desc d = c->d;
     uint64_t expect = p + 1;
     if (!atomic_compare_exchange_strong(&c->seq, &expect, p + r->mask + 1)) return 1;
@@ -152,11 +152,10 @@ static int repair_pop(lrt_ring *r, uint64_t p, lrt_desc *lost, int max_lost, int
 }
 
 int lrt_mpmc_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
-    lrt_ring_hdr *h = r->hdr;
     int push_only = max_lost < 0; /* called from a waiting pop: repair dead producers only */
     int n_lost = 0, spinner_died = 0;
-    for (int i = 0; i < LRT_MAX_AGENTS; i++) {
-        lrt_agent *a = &h->agents[i];
+    for (int i = 0; i < (int)r->max_agents; i++) {
+        lrt_agent *a = &r->agents[i];
         uint64_t o = atomic_load(&a->owner);
         if (o == 0 || o == LRT_OWNER_RECLAIMING || lrt_agent_alive(a)) continue;
         /* take the entry, so that no other recoverer resolves it (or a new owner's state) twice */
@@ -169,7 +168,7 @@ int lrt_mpmc_recover(lrt_ring *r, lrt_desc *lost, int max_lost) {
         if (cc && push_only) done = 0;
         else if (cc && repair_pop(r, cc - 1, lost, max_lost, &n_lost)) atomic_store(&a->pop_claim, 0);
         else if (cc) done = 0;
-        if (done) spinner_died |= lrt_agent_release(h, i);
+        if (done) spinner_died |= lrt_agent_release(r, i);
         else atomic_store(&a->owner, o); /* a live winner still works on the cell: later */
     }
     if (spinner_died) lrt_wake_all(r); /* pushes skipped waking sleepers while it "spun" */

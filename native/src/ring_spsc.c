@@ -17,7 +17,8 @@ static int claim_end(lrt_ring *r, _Atomic int32_t *end) {
     int ai = lrt_agent_index(r);
     if (ai < 0) return ai;
     if (cur == ai) return LRT_OK;
-    if (cur >= 0 && lrt_agent_thread_alive(&r->hdr->agents[cur])) return LRT_EMISUSE;
+    if (cur >= 0 && (uint32_t)cur < r->max_agents && lrt_agent_thread_alive(&r->agents[cur]))
+        return LRT_EMISUSE;
     return atomic_compare_exchange_strong(end, &cur, ai) ? LRT_OK : LRT_EMISUSE;
 }
 

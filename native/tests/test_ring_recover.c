@@ -35,7 +35,7 @@ static void child_dies_in_window(void *region, int pop_side) {
     if (pid == 0) {
         lrt_ring *r = NULL;
         if (lrt_ring_attach(region, lrt_ring_required_bytes(CAP), &r) != LRT_OK) _exit(3);
-        lrt_agent *a = &r->hdr->agents[lrt_agent_index(r)];
+        lrt_agent *a = &r->agents[lrt_agent_index(r)];
         _Atomic uint64_t *end = pop_side ? &r->hdr->head : &r->hdr->tail;
         uint64_t pos = atomic_load(end);
         atomic_store(pop_side ? &a->pop_claim : &a->push_claim, pos + 1);
@@ -107,7 +107,7 @@ static void test_live_claim_is_not_repaired(void) {
     void *region;
     lrt_ring *r = make(&region);
     /* this (live) thread claims a position by hand, as a producer preempted in the window */
-    lrt_agent *a = &r->hdr->agents[lrt_agent_index(r)];
+    lrt_agent *a = &r->agents[lrt_agent_index(r)];
     uint64_t pos = atomic_load(&r->hdr->tail);
     atomic_store(&a->push_claim, pos + 1);
     CHECK(atomic_compare_exchange_strong(&r->hdr->tail, &pos, pos + 1));

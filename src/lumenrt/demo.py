@@ -13,11 +13,13 @@ import time
 import numpy as np
 
 from lumenrt.native import (
+    MAX_AGENTS,
     Layout,
     Region,
     Ring,
     RingClosed,
     SlabPool,
+    agent_table,
     clean_stale,
     create_shared,
     leftover_segments,
@@ -50,18 +52,21 @@ def _worker(name: str, offsets: dict[str, int]) -> None:
 def run_demo(requests: int = 20000, workers: int = 2, queue_type: str = "mpmc") -> int:
     if requests <= 0 or workers <= 0:
         raise SystemExit("lumenrt demo: --requests and --workers must be > 0")
+    if workers >= MAX_AGENTS:  # each ring: the workers and this process's thread
+        raise SystemExit(f"lumenrt demo: --workers must be < {MAX_AGENTS} (a ring's largest agent table)")
+    agents = agent_table(workers + 1)
     removed = clean_stale()
     if removed:
         print(f"removed {len(removed)} stale shared-memory segment(s) from a crashed run")
     lay = Layout()
     offsets = {
-        "requests": lay.add(ring_required_bytes(1024)),
-        "completions": lay.add(ring_required_bytes(1024)),
+        "requests": lay.add(ring_required_bytes(1024, agents)),
+        "completions": lay.add(ring_required_bytes(1024, agents)),
         "pool": lay.add(slab_required_bytes(SLOT_BYTES, IN_FLIGHT), align=4096),
     }
     region = create_shared(lay.size_bytes, tag="demo")
-    req_ring = Ring.create(region, queue_type, 1024, offset=offsets["requests"])
-    done_ring = Ring.create(region, "mpmc", 1024, offset=offsets["completions"])
+    req_ring = Ring.create(region, queue_type, 1024, offset=offsets["requests"], max_agents=agents)
+    done_ring = Ring.create(region, "mpmc", 1024, offset=offsets["completions"], max_agents=agents)
     pool = SlabPool.create(region, SLOT_BYTES, IN_FLIGHT, offset=offsets["pool"])
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(region.name, offsets), daemon=True) for _ in range(workers)]

@@ -27,7 +27,7 @@ enum {
     LRT_EBADREGION = -6, /* attach: the region holds no valid structure of this kind/version */
     LRT_EXHAUSTED = -7,  /* slab pool or bump arena has no room */
     LRT_EDOUBLEFREE = -8,/* slab slot freed twice or never allocated */
-    LRT_EAGENTS = -9,    /* more than LRT_MAX_AGENTS live threads use one ring */
+    LRT_EAGENTS = -9,    /* more live threads use one ring than its agent table holds */
     LRT_EMISUSE = -10,   /* spsc ring used by a second live producer or consumer */
     LRT_ESYS = -11,      /* a system call failed; errno holds the cause */
     LRT_EEXIST = -12,    /* shared-memory segment already exists */

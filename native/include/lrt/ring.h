@@ -5,9 +5,9 @@
  *   LRT_RING_NAIVE    one robust process-shared mutex; pop_many takes the lock once per element
  *   LRT_RING_BATCHED  the same mutex ring, but pop_many drains up to N elements per lock acquisition
  *
- * A ring lives entirely in a caller-given region (lrt_ring_required_bytes()), initialised once by
- * lrt_ring_create() and mapped by any number of lrt_ring_attach() calls, in this process or in others
- * that map the same shared memory. The lrt_ring handle is process-local and is freed by
+ * A ring lives entirely in a caller-given region (lrt_ring_required_bytes_agents()), initialised once
+ * by lrt_ring_create() and mapped by any number of lrt_ring_attach() calls, in this process or in
+ * others that map the same shared memory. The lrt_ring handle is process-local and is freed by
  * lrt_ring_free(); the region belongs to the caller, who must keep it mapped while handles exist.
  *
  * Blocking calls (push, pop, pop_many) spin, then yield, then sleep on a futex. No system call is
@@ -34,11 +34,17 @@ typedef enum lrt_ring_kind {
     LRT_RING_BATCHED = 4,
 } lrt_ring_kind;
 
-/* Threads (across all processes) that may use one ring at the same time. Each thread registers
- * once per ring, lazily, on its first call; the entry of a dead process is recycled by
- * lrt_ring_recover(), the entry of an exited thread on the next registration that finds the table
- * full. */
-#define LRT_MAX_AGENTS 64
+/* Agents: the threads (across all processes) that may use one ring at the same time. Each thread
+ * registers once per ring, lazily, on its first call, and holds its entry of the ring's agent table
+ * until it is recycled: the entry of a dead process by lrt_ring_recover(), the entry of an exited
+ * thread on the next registration that finds the table full. A call made by one thread more than
+ * the table holds fails with LRT_EAGENTS. The table's size (max_agents) is chosen at create:
+ * lrt_ring_config.max_agents, 0 for LRT_RING_DEFAULT_AGENTS, at most LRT_RING_MAX_AGENTS. It costs
+ * 64 bytes of region per entry; the wake-up check after every push and pop reads one 64-bit word
+ * per 64 entries in use (registered at some time: entries are taken lowest first), so a table
+ * larger than the threads that really use it costs memory only. */
+#define LRT_RING_DEFAULT_AGENTS 64
+#define LRT_RING_MAX_AGENTS 4096
 
 /* Flags for lrt_ring_config.flags */
 #define LRT_RING_PSHARED 0x1u /* region is shared between processes (futexes must not be private) */
@@ -49,6 +55,8 @@ typedef struct lrt_ring_config {
     uint64_t capacity;    /* elements, power of two, >= 2 */
     int32_t spin_iters;   /* busy polls before yielding; < 0 = default for the kind */
     int32_t yield_iters;  /* sched_yield polls before sleeping; < 0 = default for the kind */
+    uint32_t max_agents;  /* agent table entries; 0 = LRT_RING_DEFAULT_AGENTS, <= LRT_RING_MAX_AGENTS */
+    uint32_t reserved_;   /* 0 */
 } lrt_ring_config;
 
 typedef struct lrt_ring lrt_ring;
@@ -64,12 +72,19 @@ typedef struct lrt_ring_stats {
     uint64_t released;       /* cells repaired after a consumer died mid-pop */
     uint32_t closed;
     uint32_t agents;         /* registered agent entries */
+    uint32_t max_agents;     /* entries in the agent table */
+    uint32_t agent_words;    /* 64-entry words of the table in use so far (read by every wake check) */
 } lrt_ring_stats;
 
+/* Region bytes for a ring of `capacity` elements and an agent table of `max_agents` entries (0: the
+ * default); SIZE_MAX for a capacity or table that lrt_ring_create refuses. */
+size_t lrt_ring_required_bytes_agents(uint64_t capacity, uint32_t max_agents);
+/* lrt_ring_required_bytes_agents(capacity, LRT_RING_DEFAULT_AGENTS) */
 size_t lrt_ring_required_bytes(uint64_t capacity);
 
-/* Initialise a ring in `region` (at least lrt_ring_required_bytes(), 64-byte aligned) and return a
- * handle in *out. */
+/* Initialise a ring in `region` (at least lrt_ring_required_bytes_agents(capacity, max_agents),
+ * 64-byte aligned) and return a handle in *out. LRT_EINVAL for a bad config (capacity not a power of
+ * two in [2, 2**32], unknown kind, max_agents above LRT_RING_MAX_AGENTS) or a region too small. */
 int lrt_ring_create(void *region, size_t region_bytes, const lrt_ring_config *cfg, lrt_ring **out);
 /* Map a handle onto a region already initialised by lrt_ring_create (possibly in another process). */
 int lrt_ring_attach(void *region, size_t region_bytes, lrt_ring **out);
@@ -122,6 +137,7 @@ int lrt_ring_is_closed(const lrt_ring *r);
 
 uint64_t lrt_ring_len(const lrt_ring *r);
 uint64_t lrt_ring_capacity(const lrt_ring *r);
+uint32_t lrt_ring_max_agents(const lrt_ring *r);
 lrt_ring_kind lrt_ring_get_kind(const lrt_ring *r);
 void lrt_ring_get_stats(const lrt_ring *r, lrt_ring_stats *out);
 
@@ -129,8 +145,9 @@ void lrt_ring_get_stats(const lrt_ring *r, lrt_ring_stats *out);
  * gone: an MPMC cell it had claimed for a push but never published becomes a tombstone that
  * consumers skip; a cell it had claimed for a pop but never released is released, and its
  * descriptor is copied to lost[] (up to max_lost) so the owner can fail that request; its wait
- * registrations are dropped and its entry freed. Returns the number of lost descriptors (which may
- * exceed max_lost) or a negative status. Blocking pops and pushes call this by themselves when they
+ * registrations are dropped and its entry freed. Returns the number of lost descriptors (at most
+ * one per agent entry, so at most lrt_ring_max_agents(); it may exceed max_lost) or a negative
+ * status. Blocking pops and pushes call this by themselves when they
  * find the ring stalled by an unpublished claim. */
 int lrt_ring_recover(lrt_ring *r, lrt_desc *lost, int max_lost);
 

@@ -48,8 +48,10 @@ from lumenrt.engine.request import (
 from lumenrt.engine.runtime import ModelRuntime, RuntimeOptions
 from lumenrt.engine.server_config import EngineConfig
 from lumenrt.native import (
+    MAX_AGENTS,
     NOTIFIER_BYTES,
     Layout,
+    LrtError,
     Notifier,
     Region,
     Ring,
@@ -61,6 +63,11 @@ from lumenrt.placement.running import LOCALITY_WARN_BELOW
 logger = logging.getLogger(__name__)
 
 COMPLETION_CAPACITY = 1 << 16  # async completions in flight at once across all models (guessed ample)
+# Its agent table (native/include/lrt/ring.h): every thread-mode worker of every model pushes to it,
+# models loaded after it is made included, so no plan bounds it: the largest table (256 KiB beside
+# the cells' 4 MiB; the wake check reads only the words the workers really use). A worker past it
+# anyway (more than MAX_AGENTS threads) answers through ``overflow``.
+COMPLETION_AGENTS = MAX_AGENTS
 DEADLINE_SLACK_NS = (
     200_000  # a deadline this close is answered in the same timer pass (guessed: < 1 loop turn)
 )
@@ -101,10 +108,12 @@ class _AsyncCompletions:
 
     def __init__(self, engine: "Engine") -> None:
         lay = Layout()
-        ring_at = lay.add(ring_required_bytes(COMPLETION_CAPACITY))
+        ring_at = lay.add(ring_required_bytes(COMPLETION_CAPACITY, COMPLETION_AGENTS))
         note_at = lay.add(NOTIFIER_BYTES)
         self._region = Region.anonymous(lay.size_bytes)
-        self.ring = Ring.create(self._region, "mpmc", COMPLETION_CAPACITY, offset=ring_at)
+        self.ring = Ring.create(
+            self._region, "mpmc", COMPLETION_CAPACITY, offset=ring_at, max_agents=COMPLETION_AGENTS
+        )
         self.notifier = Notifier.create(self._region, offset=note_at)
         self._engine = engine
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -157,7 +166,11 @@ class _AsyncCompletions:
             pool.attach(loop, engine._resolve)
 
     def on_done(self, req: InferRequest) -> None:  # worker thread
-        if not try_push_answer(self.ring, req):
+        try:
+            pushed = try_push_answer(self.ring, req)
+        except LrtError:  # a thread past the ring's agent table (COMPLETION_AGENTS)
+            pushed = False
+        if not pushed:
             self.overflowed += 1
             self.overflow.append((req.model_id, req.index))
         self.notifier.notify()

@@ -93,6 +93,7 @@ from lumenrt.native import (
     PassedFd,
     Region,
     Ring,
+    agent_table,
     create_unnamed,
     hold_init,
     hold_required_bytes,
@@ -118,6 +119,18 @@ DETACH_WAIT_S = 10.0
 log = logging.getLogger("lumenrt.engine")
 
 
+# The completion ring's agent table (native/include/lrt/ring.h): its threads are the worker
+# processes (one thread each pushes), the supervisor (notices) and the consumer (the event loop,
+# then the closing thread), plus replacements started before a dead worker's entry is freed (a
+# registration that finds the table full frees the entries of dead processes first). The runtime
+# refuses a model whose workers outgrow any table (runtime.ring_agents) before this is sized.
+COMPLETION_OTHER_AGENTS = 8
+
+
+def _completion_agents(n_workers: int) -> int:
+    return agent_table(n_workers + COMPLETION_OTHER_AGENTS)
+
+
 def _hold_capacity(config: ModelConfig) -> int:
     return 4 * max(config.max_batch_size, 1) + 16  # unfinished at once <= a batch + its carry-over
 
@@ -130,7 +143,10 @@ class ProcessPool:
     @staticmethod
     def add_sections(lay: Layout, config: ModelConfig, table_size: int, n_workers: int) -> None:
         """The completion ring and its notifier, the holds, the cancel flags and the status table."""
-        lay.add(ring_required_bytes(ring_capacity(2 * table_size)), name="completions")
+        lay.add(
+            ring_required_bytes(ring_capacity(2 * table_size), _completion_agents(n_workers)),
+            name="completions",
+        )
         lay.add(NOTIFIER_BYTES, name="notifier")
         lay.add(_hold_bytes(config) * n_workers, name="holds")
         lay.add(table_size, name="cancel")
@@ -152,7 +168,11 @@ class ProcessPool:
         table_size = len(runtime.table.records)
         hold_capacity, hold_bytes = _hold_capacity(config), _hold_bytes(config)
         self._completions = Ring.create(
-            region, "mpmc", ring_capacity(2 * table_size), offset=offsets["completions"]
+            region,
+            "mpmc",
+            ring_capacity(2 * table_size),
+            offset=offsets["completions"],
+            max_agents=_completion_agents(n),
         )
         # this process's handle: the event loop pops (the closing thread once it let go, invariant
         # 6), and only its inline poll waits (spinning through the whole window, never sleeping)

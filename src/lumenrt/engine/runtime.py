@@ -91,12 +91,14 @@ from lumenrt.engine.thread_pool import ThreadPool
 from lumenrt.engine.validate import InputCheck
 from lumenrt.engine.worker import WorkerStats
 from lumenrt.native import (
+    MAX_AGENTS,
     Latches,
     Layout,
     LrtError,
     Ring,
     RingClosed,
     SlabPool,
+    agent_table,
     latches_required_bytes,
     ring_required_bytes,
     slab_required_bytes,
@@ -108,6 +110,33 @@ ABANDON_WAIT_S = 30.0  # guessed: far longer than any request runs here; past it
 # A synchronous caller with a deadline waits this long past it for the worker's own answer (the
 # worker expires a request it takes late) before answering itself (guessed: scheduling noise)
 SYNC_DEADLINE_SLACK_S = 0.002
+
+
+# Agent tables of a model's request rings (level rings and doorbell; native/include/lrt/ring.h):
+# every thread that pushes to or pops from a ring holds an entry while it lives. Those threads are
+# the model's workers (a thread each, or a worker process's one thread) and the threads that submit
+# requests: the server's event loop, the thread closing the runtime, the process pool's supervisor,
+# and, in process, every thread that calls Engine.infer. A table holds every worker plus
+# CALLER_AGENTS more (rounded up to whole 64-entry words), so callers alive at once are bounded by
+# that, not by the workers; an exited thread's entry is reused once the table is full (agents.c),
+# so callers over time are not bounded at all. A caller past the table is refused at once
+# ("too many threads use this ring": runtime invariant 2). The entries cost 64 bytes each and
+# nothing on the hot path beyond the threads really using the ring. A model needs at least
+# MIN_CALLER_AGENTS entries besides its workers, else it is refused at load (ring_agents).
+CALLER_AGENTS = 256  # guessed: a generous thread pool of in-process callers
+MIN_CALLER_AGENTS = 16  # event loop, closing thread, supervisor, and a few callers
+
+
+def ring_agents(model: str, n_workers: int) -> int:
+    """The agent table (``max_agents``) of the request rings of ``model`` with ``n_workers``
+    workers: ValueError naming the model and the count where even MIN_CALLER_AGENTS do not fit."""
+    if n_workers + MIN_CALLER_AGENTS > MAX_AGENTS:
+        raise ValueError(
+            f"model {model!r}: {n_workers} workers exceed the ring's agent table (max {MAX_AGENTS} "
+            f"threads, {MIN_CALLER_AGENTS} of them kept for the threads that submit requests: at most "
+            f"{MAX_AGENTS - MIN_CALLER_AGENTS} workers a model)"
+        )
+    return agent_table(min(n_workers + CALLER_AGENTS, MAX_AGENTS))
 
 
 # A scrape or a statistics request reads numa_maps (page-table walks) at most this often per model,
@@ -213,15 +242,18 @@ class ModelRuntime:
         table_size = self._max_queue + sum((3 if p.gpu >= 0 else 2) * per_batch for p in placements)
         self._arena_plan = arena_plan(config, options, table_size)
         pool_class = ProcessPool if options.worker_mode == "process" else ThreadPool
+        agents = self.ring_agents = ring_agents(config.name, len(placements))  # refused here if too many
         lay = Layout()
         ring_cap = ring_capacity(self._level_max[0])
-        lay.add(ring_required_bytes(ring_cap), name="requests")
+        lay.add(ring_required_bytes(ring_cap, agents), name="requests")
         for lv in range(2, self.levels + 1):
-            lay.add(ring_required_bytes(ring_capacity(self._level_max[lv - 1])), name=f"requests_{lv}")
+            lay.add(
+                ring_required_bytes(ring_capacity(self._level_max[lv - 1]), agents), name=f"requests_{lv}"
+            )
         # one token per request in any level ring: as many as the level rings can hold
         self._doorbell_cap = ring_capacity(sum(ring_capacity(m) for m in self._level_max))
         if self.levels > 1:  # (batcher.PrioritySource)
-            lay.add(ring_required_bytes(self._doorbell_cap), name="doorbell")
+            lay.add(ring_required_bytes(self._doorbell_cap, agents), name="doorbell")
         lay.add(latches_required_bytes(table_size), name="latches")
         if self._arena_plan is not None:
             plan = self._arena_plan
@@ -234,7 +266,9 @@ class ModelRuntime:
         self.region, self._fd = pool_class.create_region(lay.size_bytes, config.name)
         self.region_node = self._bind_region(placements)
         self._offsets = dict(lay.offsets)
-        self.ring = Ring.create(self.region, options.queue_type, ring_cap, offset=lay.offsets["requests"])
+        self.ring = Ring.create(
+            self.region, options.queue_type, ring_cap, offset=lay.offsets["requests"], max_agents=agents
+        )
         self._spin_ns = options.spin_us * 1000
         self.ring.spin_ns = self._spin_ns  # the thread pool's handle: idle workers poll before sleeping
         self.level_rings = [self.ring] + [
@@ -243,6 +277,7 @@ class ModelRuntime:
                 options.queue_type,
                 ring_capacity(self._level_max[lv - 1]),
                 offset=lay.offsets[f"requests_{lv}"],
+                max_agents=agents,
             )
             for lv in range(2, self.levels + 1)
         ]
@@ -253,6 +288,7 @@ class ModelRuntime:
                 options.queue_type,
                 self._doorbell_cap,
                 offset=lay.offsets["doorbell"],
+                max_agents=agents,
             )
             self.doorbell.spin_ns = self._spin_ns
         self.table = RequestTable(

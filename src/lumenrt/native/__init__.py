@@ -9,12 +9,19 @@ same ring or pool serves threads of one process and processes sharing a shared-m
     item = ring.pop(timeout_s=1.0)                            # Item(request_id=42, slot=3, ...)
 
 In another process, ``Ring.attach(Region.attach_shm(name), offset)`` maps the same ring.
+
+Every thread that uses a ring holds an entry of its agent table while it lives (an exited thread's
+entry is reused once the table is full; a dead process's by ``recover``). The table's size is chosen
+at create: ``Ring.create(..., max_agents=n)`` in ``ring_required_bytes(capacity, max_agents=n)``
+bytes, 0 for ``DEFAULT_AGENTS``, at most ``MAX_AGENTS``; ``agent_table`` sizes one for a count of
+threads.
 """
 
 import numpy as np
 
 from lumenrt.native._core import (
     CACHELINE,
+    DEFAULT_AGENTS,
     HOLD_DONE,
     LATCH_STRIDE,
     MAX_AGENTS,
@@ -57,10 +64,21 @@ def latches_required_bytes(n: int) -> int:
 RING_KINDS: tuple[str, ...] = ("mpmc", "spsc", "naive", "batched")
 
 
-def make_ring(kind: str, capacity: int, *, shared: bool = True, spin_iters: int = -1) -> Ring:
+def agent_table(threads: int) -> int:
+    """The ``max_agents`` for a ring that ``threads`` threads may use at once: rounded up to whole
+    64-entry words (entries up to the word's end cost 64 bytes each and nothing on the hot path).
+    ValueError past ``MAX_AGENTS``: the caller names what needs that many."""
+    if threads < 1 or threads > MAX_AGENTS:
+        raise ValueError(f"threads {threads}: a ring's agent table holds 1 to {MAX_AGENTS}")
+    return min(-(-threads // 64) * 64, MAX_AGENTS)
+
+
+def make_ring(
+    kind: str, capacity: int, *, shared: bool = True, spin_iters: int = -1, max_agents: int = 0
+) -> Ring:
     """A ring in its own anonymous region (shared with processes forked afterwards)."""
-    region = Region.anonymous(ring_required_bytes(capacity))
-    return Ring.create(region, kind, capacity, shared=shared, spin_iters=spin_iters)
+    region = Region.anonymous(ring_required_bytes(capacity, max_agents))
+    return Ring.create(region, kind, capacity, shared=shared, spin_iters=spin_iters, max_agents=max_agents)
 
 
 # The lrt_desc layout (native/include/lrt/common.h) as a numpy dtype, for reading a hold.
@@ -81,6 +99,7 @@ HOLD_HEADER_BYTES = 64
 
 __all__ = [
     "CACHELINE",
+    "DEFAULT_AGENTS",
     "DESC_DTYPE",
     "HOLD_DONE",
     "HOLD_HEADER_BYTES",
@@ -101,6 +120,7 @@ __all__ = [
     "Ring",
     "RingClosed",
     "SlabPool",
+    "agent_table",
     "bump_required_bytes",
     "clean_stale",
     "create_shared",

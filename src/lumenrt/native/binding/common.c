@@ -93,6 +93,18 @@ int lrtpy_as_u32(PyObject *o, uint32_t *v, const char *field) {
     return 0;
 }
 
+int lrtpy_check_max_agents(long long v, uint32_t *out) {
+    if (v < 0 || v > LRT_RING_MAX_AGENTS) {
+        PyErr_Format(PyExc_ValueError,
+                     "max_agents %lld: must be in [1, %d] (threads that may use the ring at once), or 0 for "
+                     "the default (%d)",
+                     v, LRT_RING_MAX_AGENTS, LRT_RING_DEFAULT_AGENTS);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
 /* timeout_s: None = forever (-1), number >= 0 seconds. */
 int lrtpy_as_timeout_ns(PyObject *o, int64_t *ns) {
     if (!o || o == Py_None) {

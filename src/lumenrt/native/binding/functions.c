@@ -15,10 +15,14 @@
 
 #include "internal.h"
 
-static PyObject *m_ring_required_bytes(PyObject *m, PyObject *arg) {
-    unsigned long long cap = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
-    return PyLong_FromSize_t(lrt_ring_required_bytes(cap));
+static PyObject *m_ring_required_bytes(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"capacity", "max_agents", NULL};
+    unsigned long long cap;
+    long long max_agents = 0;
+    uint32_t agents;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|L", kwlist, &cap, &max_agents)) return NULL;
+    if (lrtpy_check_max_agents(max_agents, &agents) < 0) return NULL;
+    return PyLong_FromSize_t(lrt_ring_required_bytes_agents(cap, agents));
 }
 static PyObject *m_slab_required_bytes(PyObject *m, PyObject *args) {
     unsigned long long sb, n;
@@ -102,7 +106,9 @@ static PyObject *m_set_parent_death_signal(PyObject *m, PyObject *arg) {
 static PyObject *m_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(lrt_now_ns()); }
 
 PyMethodDef lrtpy_module_functions[] = {
-    {"ring_required_bytes", m_ring_required_bytes, METH_O, "ring_required_bytes(capacity) -> bytes"},
+    {"ring_required_bytes", (PyCFunction)(void (*)(void))m_ring_required_bytes, METH_VARARGS | METH_KEYWORDS,
+     "ring_required_bytes(capacity, max_agents=0) -> bytes: a ring of `capacity` elements whose agent table\n"
+     "holds max_agents threads (0: DEFAULT_AGENTS)"},
     {"slab_required_bytes", m_slab_required_bytes, METH_VARARGS, "slab_required_bytes(slot_bytes, n_slots) -> bytes"},
     {"bump_required_bytes", m_bump_required_bytes, METH_O, "bump_required_bytes(capacity_bytes) -> bytes"},
     {"clean_stale_shm", m_clean_stale_shm, METH_O,

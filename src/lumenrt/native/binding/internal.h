@@ -53,6 +53,8 @@ int lrtpy_as_u64(PyObject *o, uint64_t *v, const char *field);
 int lrtpy_as_u32(PyObject *o, uint32_t *v, const char *field);
 int lrtpy_as_timeout_ns(PyObject *o, int64_t *ns); /* timeout_s: None/absent = forever (-1) */
 int lrtpy_as_spin_ns(PyObject *o, int64_t *ns);    /* spin_ns >= 0; absent = 0 */
+/* max_agents: an int in [0, LRT_RING_MAX_AGENTS] (0: the default table); ValueError naming it. */
+int lrtpy_check_max_agents(long long v, uint32_t *out);
 
 /* A writable, cache-line-aligned window buf[offset:] (*base, *avail bytes). On success the caller
  * owns `view` and must PyBuffer_Release it (or keep it for the lifetime of a handle). */

@@ -44,7 +44,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyModule_AddObjectRef(m, "Latches", (PyObject *)&lrtpy_latches_type) < 0 ||
         PyModule_AddIntConstant(m, "LATCH_STRIDE", LRT_LATCH_STRIDE) < 0 ||
         PyModule_AddIntConstant(m, "NOTIFIER_BYTES", LRT_NOTIFIER_BYTES) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_AGENTS", LRT_MAX_AGENTS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_AGENTS", LRT_RING_MAX_AGENTS) < 0 ||
+        PyModule_AddIntConstant(m, "DEFAULT_AGENTS", LRT_RING_DEFAULT_AGENTS) < 0 ||
         PyModule_AddIntConstant(m, "CACHELINE", LRT_CACHELINE) < 0 ||
         PyModule_AddObjectRef(m, "HOLD_DONE", PyLong_FromUnsignedLongLong(LRT_HOLD_DONE)) < 0) {
         Py_DECREF(m);

@@ -34,30 +34,36 @@ static PyObject *ring_wrap(lrt_ring *r, Py_buffer *view) {
 }
 
 static PyObject *ring_create(PyObject *cls, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"buffer", "kind", "capacity", "offset", "shared", "spin_iters", "yield_iters", NULL};
+    static char *kwlist[] = {"buffer", "kind",        "capacity",   "offset", "shared",
+                             "spin_iters", "yield_iters", "max_agents", NULL};
     PyObject *buf;
     const char *kind;
     unsigned long long capacity;
     Py_ssize_t offset = 0;
     int shared = 1, spin = -1, yield = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsK|npii", kwlist, &buf, &kind, &capacity, &offset, &shared,
-                                     &spin, &yield))
+    long long max_agents = 0;
+    uint32_t agents;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsK|npiiL", kwlist, &buf, &kind, &capacity, &offset, &shared,
+                                     &spin, &yield, &max_agents))
         return NULL;
     int k = lrt_ring_kind_from_name(kind);
     if (k < 0) return PyErr_Format(PyExc_ValueError, "kind '%s': expected one of mpmc, spsc, naive, batched", kind);
     if (capacity < 2 || (capacity & (capacity - 1)) || capacity > (1ull << 32))
         return PyErr_Format(PyExc_ValueError, "capacity %llu: must be a power of two in [2, 2**32]", capacity);
+    if (lrtpy_check_max_agents(max_agents, &agents) < 0) return NULL;
     Py_buffer view;
     char *base;
     size_t avail;
     if (lrtpy_get_window(buf, offset, &view, &base, &avail) < 0) return NULL;
-    if (avail < lrt_ring_required_bytes(capacity)) {
+    size_t need = lrt_ring_required_bytes_agents(capacity, agents);
+    if (avail < need) {
         PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "buffer: a ring of capacity %llu needs %zu bytes, %zu available",
-                            capacity, lrt_ring_required_bytes(capacity), avail);
+        return PyErr_Format(PyExc_ValueError,
+                            "buffer: a ring of capacity %llu and max_agents %u needs %zu bytes, %zu available",
+                            capacity, agents ? agents : LRT_RING_DEFAULT_AGENTS, need, avail);
     }
     lrt_ring_config cfg = {.kind = (uint32_t)k, .flags = shared ? LRT_RING_PSHARED : 0, .capacity = capacity,
-                           .spin_iters = spin, .yield_iters = yield};
+                           .spin_iters = spin, .yield_iters = yield, .max_agents = agents};
     lrt_ring *r;
     int rc = lrt_ring_create(base, avail, &cfg, &r);
     if (rc != LRT_OK) {
@@ -185,35 +191,44 @@ static PyObject *ring_close(RingObject *self, PyObject *unused) {
 }
 
 static PyObject *ring_recover(RingObject *self, PyObject *unused) {
-    lrt_desc lost[LRT_MAX_AGENTS * 2];
+    /* at most one lost descriptor per agent entry (lrt_ring_recover) */
+    int max_lost = (int)lrt_ring_max_agents(self->r);
+    lrt_desc *lost = PyMem_Malloc((size_t)max_lost * sizeof(lrt_desc));
+    if (!lost) return PyErr_NoMemory();
     int n;
-    Py_BEGIN_ALLOW_THREADS n = lrt_ring_recover(self->r, lost, LRT_MAX_AGENTS * 2);
+    Py_BEGIN_ALLOW_THREADS n = lrt_ring_recover(self->r, lost, max_lost);
     Py_END_ALLOW_THREADS
-    if (n < 0) return lrtpy_raise_rc(n, "recover");
-    if (n > LRT_MAX_AGENTS * 2) n = LRT_MAX_AGENTS * 2;
+    if (n < 0) {
+        PyMem_Free(lost);
+        return lrtpy_raise_rc(n, "recover");
+    }
+    if (n > max_lost) n = max_lost;
     PyObject *list = PyList_New(n);
     for (int i = 0; list && i < n; i++) {
         PyObject *it = lrtpy_item_new(&lost[i]);
         if (!it) {
-            Py_DECREF(list);
-            return NULL;
+            Py_CLEAR(list);
+            break;
         }
         PyList_SET_ITEM(list, i, it);
     }
+    PyMem_Free(lost);
     return list;
 }
 
 static PyObject *ring_stats(RingObject *self, PyObject *unused) {
     lrt_ring_stats s;
     lrt_ring_get_stats(self->r, &s);
-    return Py_BuildValue("{s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:I}", "kind", self->kind_name, "capacity",
-                         s.capacity, "len", s.len, "pushed", s.pushed, "popped", s.popped, "futex_waits",
-                         s.futex_waits, "futex_wakes", s.futex_wakes, "tombstones", s.tombstones, "released",
-                         s.released, "closed", s.closed ? Py_True : Py_False, "agents", s.agents);
+    return Py_BuildValue("{s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:I,s:I,s:I}", "kind", self->kind_name,
+                         "capacity", s.capacity, "len", s.len, "pushed", s.pushed, "popped", s.popped,
+                         "futex_waits", s.futex_waits, "futex_wakes", s.futex_wakes, "tombstones", s.tombstones,
+                         "released", s.released, "closed", s.closed ? Py_True : Py_False, "agents", s.agents,
+                         "max_agents", s.max_agents, "agent_words", s.agent_words);
 }
 
 static Py_ssize_t ring_len(RingObject *self) { return (Py_ssize_t)lrt_ring_len(self->r); }
 static PyObject *ring_get_capacity(RingObject *self, void *c) { return PyLong_FromUnsignedLongLong(lrt_ring_capacity(self->r)); }
+static PyObject *ring_get_max_agents(RingObject *self, void *c) { return PyLong_FromUnsignedLong(lrt_ring_max_agents(self->r)); }
 static PyObject *ring_get_kind(RingObject *self, void *c) { return Py_NewRef(self->kind_name); }
 static PyObject *ring_get_closed(RingObject *self, void *c) { return PyBool_FromLong(lrt_ring_is_closed(self->r)); }
 
@@ -235,8 +250,9 @@ static int ring_set_spin_ns(RingObject *self, PyObject *v, void *c) {
 
 static PyMethodDef ring_methods[] = {
     {"create", (PyCFunction)(void (*)(void))ring_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "create(buffer, kind, capacity, offset=0, shared=True, spin_iters=-1, yield_iters=-1) -> Ring\n"
-     "Initialise a ring of `kind` (mpmc, spsc, naive, batched) in buffer[offset:]."},
+     "create(buffer, kind, capacity, offset=0, shared=True, spin_iters=-1, yield_iters=-1, max_agents=0) -> Ring\n"
+     "Initialise a ring of `kind` (mpmc, spsc, naive, batched) in buffer[offset:] (ring_required_bytes(capacity,\n"
+     "max_agents) bytes), whose agent table holds max_agents threads at once (0: DEFAULT_AGENTS)."},
     {"attach", (PyCFunction)(void (*)(void))ring_attach, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "attach(buffer, offset=0) -> Ring: use a ring created in buffer[offset:] (possibly by another process)."},
     {"try_push", (PyCFunction)(void (*)(void))ring_try_push, METH_FASTCALL | METH_KEYWORDS,
@@ -266,6 +282,7 @@ static PyMethodDef ring_methods[] = {
 
 static PyGetSetDef ring_getset[] = {
     {"capacity", (getter)ring_get_capacity, NULL, "elements", NULL},
+    {"max_agents", (getter)ring_get_max_agents, NULL, "threads that may use the ring at once (its agent table)", NULL},
     {"kind", (getter)ring_get_kind, NULL, "mpmc, spsc, naive or batched", NULL},
     {"closed", (getter)ring_get_closed, NULL, "True once close() was called", NULL},
     {"spin_ns", (getter)ring_get_spin_ns, (setter)ring_set_spin_ns,
