@@ -18,6 +18,7 @@ import pytest
 
 from lumenrt.client import HttpClient
 from lumenrt.engine.engine import Engine
+from lumenrt.engine.server_config import EngineConfig
 from lumenrt.ingress.app import ServeOptions, ServerThread
 from tests.integration import batch_record_state as state
 from tests.integration.flow_clients import wait_for
@@ -56,6 +57,7 @@ def write_model(root: Path, batching: str) -> Path:
 
 
 DYNAMIC = "dynamic_batching:\n  max_queue_delay_us: 0\n"
+FIXED = EngineConfig(batching="fixed")  # batches exactly as the config says (adaptive may cap them)
 
 
 def rows_of(n: int, rows: int = 1) -> dict[str, np.ndarray]:
@@ -89,7 +91,7 @@ def answer_all(rt: Any, reqs: list[Any]) -> None:
 
 
 def test_without_dynamic_batching_each_request_runs_alone(tmp_path: Path) -> None:
-    with Engine(write_model(tmp_path, ""), models=["recorded"]) as eng:
+    with Engine(write_model(tmp_path, ""), FIXED, models=["recorded"]) as eng:
         rt = eng.runtime("recorded")
         answer_all(rt, hold_then_queue(rt))
     assert len(state.CALLS) == QUEUED + 1
@@ -98,7 +100,7 @@ def test_without_dynamic_batching_each_request_runs_alone(tmp_path: Path) -> Non
 
 
 def test_without_dynamic_batching_a_request_still_runs_all_its_rows(tmp_path: Path) -> None:
-    with Engine(write_model(tmp_path, ""), models=["recorded"]) as eng:
+    with Engine(write_model(tmp_path, ""), FIXED, models=["recorded"]) as eng:
         rt = eng.runtime("recorded")
         answer_all(rt, hold_then_queue(rt, rows=3))
     assert state.CALLS[0] == [0]
@@ -106,7 +108,7 @@ def test_without_dynamic_batching_a_request_still_runs_all_its_rows(tmp_path: Pa
 
 
 def test_with_dynamic_batching_queued_requests_share_batches(tmp_path: Path) -> None:
-    with Engine(write_model(tmp_path, DYNAMIC), models=["recorded"]) as eng:
+    with Engine(write_model(tmp_path, DYNAMIC), FIXED, models=["recorded"]) as eng:
         rt = eng.runtime("recorded")
         answer_all(rt, hold_then_queue(rt))
     assert max(len(set(call)) for call in state.CALLS) > 1, state.CALLS
@@ -118,7 +120,7 @@ def test_with_dynamic_batching_queued_requests_share_batches(tmp_path: Path) -> 
 def test_concurrent_http_clients(tmp_path: Path, batching: str) -> None:
     """16 HTTP clients of one row each: only a model with dynamic batching mixes their rows, and
     the model config endpoint says which it is."""
-    eng = Engine(write_model(tmp_path, batching), models=["recorded"])
+    eng = Engine(write_model(tmp_path, batching), FIXED, models=["recorded"])
     try:
         with ServerThread(eng, ServeOptions(http_port=0, grpc_port=0, tcp_port=0)) as st:
             rt = eng.runtime("recorded")

@@ -162,7 +162,7 @@ class RuntimeOptions:
     spin_us: int = 0  # poll before sleeping: idle workers on the ring, synchronous callers on their latch
     lane: str = "queue"  # the inline lane (engine/lane.py): queue, inline or auto
     lane_max_us: int = 30  # auto: the largest batch-1 compute that runs inline
-    batching: str = "fixed"  # or "adaptive": batches capped at the size cheapest per row (batch_cost.py)
+    batching: str = "adaptive"  # or "fixed": batches exactly as the config says (batch_cost.py)
     worker_mode: str = "thread"  # or "process": which pool runs the workers
 
 

@@ -162,7 +162,7 @@ class EngineConfig:
     lane: str = "queue"  # run small models on the ingress thread: queue | inline | auto
     lane_max_us: int = DEFAULT_LANE_MAX_US  # auto: largest batch-1 compute run inline
     lane_turn_us: int = DEFAULT_LANE_TURN_US  # inline compute per event-loop turn, then the workers
-    batching: str = "fixed"  # adaptive: batches capped at the size cheapest per row (batch_cost.py)
+    batching: str = "adaptive"  # fixed: batches as the config says; adaptive: capped at the size cheapest per row (batch_cost.py)
     placement: str = "auto"  # spread | pack | node:N | roundrobin (see PLACEMENTS); resolved at construction
     placement_strict: bool = False  # refuse a plan that must shrink or share CPUs (placement/plan.py)
     memory_binding: str = "bind"  # bind | first_touch (MEMORY_BINDINGS)

@@ -225,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument(
         "--batching",
         choices=("fixed", "adaptive"),
-        help="dynamic batching on CPU workers (default fixed): 'fixed' forms batches as "
+        help="dynamic batching on CPU workers (default adaptive): 'fixed' forms batches as "
         "each model's config says; 'adaptive' does the same, but no larger than the batch size whose "
         "time per row the worker measured lowest (larger and smaller sizes are tried now and then)",
     )
