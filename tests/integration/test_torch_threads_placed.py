@@ -10,8 +10,9 @@ not be told apart. The test therefore raises that worker's thread count to 2 in 
 bigger host's plan gives a worker two of its CPUs), keeping its CPU: torch's pool then has a
 thread besides the worker's, and it must be on CPU 1 only, not on every CPU.
 
-Not torch's and kept out here: numpy's OpenBLAS pool, which a worker process starts when it imports
-numpy, before it pins itself (so on every CPU); ``OPENBLAS_NUM_THREADS=1`` keeps it from starting."""
+In process mode every thread of the worker process counts, numpy's OpenBLAS pool too: the process
+starts it when it imports numpy, before it pins itself, so the pool starts the child onto its CPUs
+at birth (``ProcessPool._spawn``); before that, the pool's threads ran on every CPU."""
 
 import os
 import re
@@ -109,7 +110,7 @@ def test_torchs_pool_threads_run_on_the_workers_planned_cpu(
 ) -> None:
     if CPU not in os.sched_getaffinity(0) or len(os.sched_getaffinity(0)) < 2:
         pytest.skip(f"needs CPU {CPU} and another one")
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # a worker process's numpy: no pool (see the top)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)  # numpy's pool starts: it must be placed too
     before = set(cpus_of(os.getpid()))
     settings = EngineConfig(worker_mode=mode, pin=True, lane="queue")
     with Engine(repo, settings, models=[MODEL]) as engine:

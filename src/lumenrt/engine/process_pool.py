@@ -242,12 +242,23 @@ class ProcessPool:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def _spawn(self, i: int) -> None:
-        """Supervisor thread only (the workers' parent-death signal follows the spawning thread)."""
+        """Supervisor thread only (the workers' parent-death signal follows the spawning thread).
+        A pinned worker is born on its CPUs: this thread takes the worker's affinity around the
+        start, so that the threads the child starts before it pins itself (numpy's OpenBLAS pool,
+        at import) are placed too, then gets its own back."""
         self._status[i, :2] = (0, STARTING)
+        spec = self._specs[i]
         proc = SPAWN.Process(
-            target=worker_main, args=(self._specs[i],), name=f"lumenrt-{self.config.name}-w{i}", daemon=True
+            target=worker_main, args=(spec,), name=f"lumenrt-{self.config.name}-w{i}", daemon=True
         )
-        proc.start()
+        own = os.sched_getaffinity(0) if spec.pin and spec.placement.cores else None
+        try:
+            if own is not None:
+                os.sched_setaffinity(0, spec.placement.cores)  # this thread only (Linux)
+            proc.start()
+        finally:
+            if own is not None:
+                os.sched_setaffinity(0, own)
         self._procs[i] = proc
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
