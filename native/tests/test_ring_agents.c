@@ -398,22 +398,30 @@ static void test_dead_consumer_past_64_is_recovered(void) {
     drop(b);
 }
 
+/* A child process that attaches to the ring, takes entry 70 (entries 0-69 held by the caller) and
+ * pops: asleep until killed, or spinning for up to a minute with spin_ns set. */
+static pid_t popping_child_at_70(ring_box *b, int64_t spin_ns) {
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        lrt_ring *r = NULL;
+        lrt_desc d;
+        if (lrt_ring_attach(b->region, b->bytes, &r) != LRT_OK) _exit(3);
+        if (lrt_agent_index(r) != 70) _exit(4);
+        if (spin_ns > 0) lrt_ring_set_spin_ns(r, spin_ns);
+        lrt_ring_pop(r, &d, -1); /* until killed */
+        _exit(5);
+    }
+    return pid;
+}
+
 /* A child asleep in pop at entry 70 is killed; the next push clears its bit, finds nobody behind
  * it (a wasted wake-up) and goes on to wake a live sleeper further on, at entry 72. */
 static void test_dead_sleeper_past_64_passes_the_wake(void) {
     ring_box b = make(LRT_RING_MPMC, 8, 128);
     hold_set h;
     hold_entries(&h, b.r, 70);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        lrt_ring *r = NULL;
-        lrt_desc d;
-        if (lrt_ring_attach(b.region, b.bytes, &r) != LRT_OK) _exit(3);
-        if (lrt_agent_index(r) != 70) _exit(4);
-        lrt_ring_pop(r, &d, -1); /* sleeps until killed */
-        _exit(5);
-    }
+    pid_t pid = popping_child_at_70(&b, 0);
     wait_for_bits(b.r, LRT_WAIT_POP, 1);
     kill(pid, SIGKILL);
     int st;
@@ -454,17 +462,7 @@ static void test_dead_spinner_past_64_is_recovered(void) {
     ring_box b = make(LRT_RING_MPMC, 8, 128);
     hold_set h;
     hold_entries(&h, b.r, 70);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        lrt_ring *r = NULL;
-        lrt_desc d;
-        if (lrt_ring_attach(b.region, b.bytes, &r) != LRT_OK) _exit(3);
-        if (lrt_agent_index(r) != 70) _exit(4);
-        lrt_ring_set_spin_ns(r, 60ll * 1000 * 1000 * 1000); /* spins until killed */
-        lrt_ring_pop(r, &d, -1);
-        _exit(5);
-    }
+    pid_t pid = popping_child_at_70(&b, 60ll * 1000 * 1000 * 1000); /* spins until killed */
     wait_for_bits(b.r, LRT_WAIT_SPIN, 1);
     popper_arg sleeper = {.r = b.r, .rc = 99};
     pthread_t ts;
