@@ -63,7 +63,6 @@ from lumenrt.engine.server_config import ALLOCATOR_TYPES, DEFAULT_SPIN_US, QUEUE
 from lumenrt.models.builtin import builtin_examples
 
 SQUEEZENET = "squeezenet"
-BORROWED = " borrow"  # the label's suffix for engine rows whose requests lend their inputs
 DIGITS = "digits_mlp"
 SCENARIOS = ("squeezenet", "digits-overhead", "matrix")
 # Guessed, then checked: 2 workers x squeezenet's preferred batch of 4; with 8 in flight every
@@ -144,11 +143,8 @@ def engine_config(
     )
 
 
-def measure_engine_async(
-    ctx: Context, scenario: str, model: str, cfg: EngineConfig, borrow: bool = False
-) -> Row:
-    """The engine under ``concurrency`` closed-loop async clients sending one row each;
-    ``borrow``: requests lend their inputs (``Engine.infer_async(borrow=True)``), not copied."""
+def measure_engine_async(ctx: Context, scenario: str, model: str, cfg: EngineConfig) -> Row:
+    """The engine under ``concurrency`` closed-loop async clients sending one row each."""
     ctx.configs[cfg.label] = cfg.to_dict()
     inputs = builtin_examples(model, 1)
     with Engine(settings=cfg, models=[model]) as engine:
@@ -159,10 +155,8 @@ def measure_engine_async(
             rows_per_request=1,
             concurrency=ctx.settings.concurrency,
             phase=ctx.settings.phase,
-            borrow=borrow,
         )
-    label = cfg.label + BORROWED if borrow else cfg.label
-    row = measured(Row(scenario, model, label, clients=ctx.settings.concurrency), samples)
+    row = measured(Row(scenario, model, cfg.label, clients=ctx.settings.concurrency), samples)
     return _with_counters(row, counters)
 
 
@@ -182,8 +176,7 @@ def _typical_batch(row: Row | None, model: str) -> int:
 
 
 def run_squeezenet(ctx: Context) -> list[Row]:
-    """Per round, the engine (its requests' inputs copied into the arena, as by default), the
-    engine with borrowed inputs, and the raw loop at batch 1 and at the batch the engine mostly ran
+    """Per round, the engine and the raw loop at batch 1 and at the batch the engine mostly ran
     (the engine's batch of the round before, when the raw loop goes first); each engine row's
     ratio is to its own round's raw row."""
     scenario, cfg = "squeezenet", engine_config(spin_us=ctx.settings.spin_us)
@@ -192,32 +185,28 @@ def run_squeezenet(ctx: Context) -> list[Row]:
     batch = _typical_batch(None, SQUEEZENET)
     for round_no in range(1, ctx.settings.rounds + 1):
         engine_first = round_no % 2 == 1
-        engines: list[Row] = []
+        eng: Row | None = None
         raw: Row | None = None
-        steps = ("engine", "borrowed", "raw")
-        for step in steps if engine_first else steps[::-1]:
-            if step == "raw":
+        for step in ("engine", "raw") if engine_first else ("raw", "engine"):
+            if step == "engine":
+                eng = guarded(
+                    scenario,
+                    SQUEEZENET,
+                    cfg.label,
+                    partial(measure_engine_async, ctx, scenario, SQUEEZENET, cfg),
+                )
+                batch = _typical_batch(eng if eng.status == "ok" else None, SQUEEZENET)
+            else:
                 raw = best_raw(scenario, SQUEEZENET, (1, batch), ctx.settings.phase)
-                continue
-            borrow = step == "borrowed"
-            eng = guarded(
-                scenario,
-                SQUEEZENET,
-                cfg.label + BORROWED if borrow else cfg.label,
-                partial(measure_engine_async, ctx, scenario, SQUEEZENET, cfg, borrow),
-            )
-            engines.append(eng)
-            batch = _typical_batch(eng if eng.status == "ok" else None, SQUEEZENET)
-        assert raw is not None
+        assert eng is not None and raw is not None
         if ctx.settings.rounds > 1:
-            for row in (raw, *engines):
+            for row in (raw, eng):
                 row.note = f"round {round_no}" + (f"; {row.note}" if row.note else "")
         if raw.status == "ok":
             raws.append(raw)
             raw.ratio_to_raw = 1.0
-            for eng in engines:
-                eng.ratio_to_raw = _ratio(eng.throughput_per_s, raw.throughput_per_s)
-        rows += [raw, *engines]
+            eng.ratio_to_raw = _ratio(eng.throughput_per_s, raw.throughput_per_s)
+        rows += [raw, eng]
     if raws:  # the matrix's baseline: the round of the median raw throughput
         ctx.raw_squeezenet = sorted(raws, key=lambda r: r.throughput_per_s or 0.0)[(len(raws) - 1) // 2]
     return rows
@@ -313,11 +302,6 @@ def compute_ratios(rows: Sequence[Row]) -> dict[str, float | str | None]:
     label = engine_config().label  # without the squeezenet scenario, the matrix's row of the same engine
     rounds = [r.ratio_to_raw for r in rows if r.scenario == "squeezenet" and r.config == label]
     known = [x for x in rounds if x is not None]
-    lent = [r.ratio_to_raw for r in rows if r.scenario == "squeezenet" and r.config == label + BORROWED]
-    lent_known = [x for x in lent if x is not None]
-    if lent_known:  # borrowed inputs: no copy into the arena
-        ratios["squeezenet_engine_borrowed_over_raw_throughput"] = round(statistics.median(lent_known), 3)
-        ratios["squeezenet_engine_borrowed_over_raw_by_round"] = ", ".join(f"{x:.3f}" for x in lent_known)
     if known:  # the median of the rounds' own ratios
         ratios["squeezenet_engine_over_raw_throughput"] = round(statistics.median(known), 3)
         ratios["squeezenet_engine_over_raw_by_round"] = ", ".join(f"{x:.3f}" for x in known)
@@ -379,12 +363,6 @@ def format_table(rows: Sequence[Row], ratios: dict[str, float | str | None], not
             else ""
         ),
     ]
-    if "squeezenet_engine_borrowed_over_raw_throughput" in ratios:
-        lines.append(
-            f"  {'squeezenet engine/raw, inputs borrowed':<40} "
-            f"{ratios['squeezenet_engine_borrowed_over_raw_throughput']} "
-            f"(median of rounds: {ratios['squeezenet_engine_borrowed_over_raw_by_round']})"
-        )
     for q in ("p50", "p99"):
         thread = ratios.get(f"digits_overhead_{q}_thread_us")
         process = ratios.get(f"digits_overhead_{q}_process_us")

@@ -13,7 +13,7 @@ from lumenrt.models.builtin import builtin_examples
 MODEL = "digits_mlp"
 KEYS = {
     "name", "version", "ready", "workers", "worker_mode", "queue_type", "allocator_type", "requests",
-    "batches", "failures", "expired", "cancelled", "rejected", "arena_fallbacks", "inputs_in_place", "inputs_borrowed", "queue_ns",
+    "batches", "failures", "expired", "cancelled", "rejected", "arena_fallbacks", "inputs_in_place", "queue_ns",
     "input_ns", "infer_ns", "output_ns", "batch_rows", "arena", "large_arena", "ring", "lane", "batching", "worker_deaths",
     "replacement_failures", "pids", "rejections", "batch_ns", "queue_buckets", "compute_buckets",
     "queued", "workers_ready", "gpu",

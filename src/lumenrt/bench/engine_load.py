@@ -235,14 +235,13 @@ async def _async_client(
     measure_ns: int,
     end_ns: int,
     out: Samples,
-    borrow: bool,
 ) -> None:
     clock, infer = time.perf_counter_ns, engine.infer_async
     while clock() < measure_ns:
-        await infer(model, inputs, borrow=borrow)
+        await infer(model, inputs)
     latencies = out.latencies_ns
     while (t0 := clock()) < end_ns:
-        await infer(model, inputs, borrow=borrow)
+        await infer(model, inputs)
         t1 = clock()
         latencies.append(t1 - t0)
         out.rows += rows
@@ -250,20 +249,14 @@ async def _async_client(
 
 
 async def _async_phase(
-    engine: Engine,
-    model: str,
-    inputs: Mapping[str, Any],
-    rows: int,
-    concurrency: int,
-    phase: Phase,
-    borrow: bool,
+    engine: Engine, model: str, inputs: Mapping[str, Any], rows: int, concurrency: int, phase: Phase
 ) -> tuple[Samples, EngineCounters]:
     start_ns = time.perf_counter_ns()
     measure_ns = start_ns + int(phase.warmup_s * 1e9)
     end_ns = measure_ns + int(phase.duration_s * 1e9)
     out = Samples(start_ns=measure_ns, end_ns=measure_ns)
     clients = [
-        asyncio.create_task(_async_client(engine, model, inputs, rows, measure_ns, end_ns, out, borrow))
+        asyncio.create_task(_async_client(engine, model, inputs, rows, measure_ns, end_ns, out))
         for _ in range(concurrency)
     ]
     await asyncio.sleep(max(0.0, (measure_ns - time.perf_counter_ns()) / 1e9))
@@ -280,14 +273,12 @@ def closed_loop_async(
     rows_per_request: int,
     concurrency: int,
     phase: Phase,
-    borrow: bool = False,
 ) -> tuple[Samples, EngineCounters]:
     """``concurrency`` asyncio tasks on a fresh event loop in this thread, each awaiting
     ``engine.infer_async(model, inputs)`` back to back; the samples and the engine's counters over
-    the measured phase (counters snapshot when it starts, approximately: the loop's clock).
-    ``borrow``: the requests lend their inputs (``Engine.infer_async``) instead of being copied."""
+    the measured phase (counters snapshot when it starts, approximately: the loop's clock)."""
     limit_s = phase.warmup_s + phase.duration_s + STALL_GUARD_S
-    coro = _async_phase(engine, model, inputs, rows_per_request, concurrency, phase, borrow)
+    coro = _async_phase(engine, model, inputs, rows_per_request, concurrency, phase)
     try:
         return asyncio.run(asyncio.wait_for(coro, limit_s))
     except TimeoutError:

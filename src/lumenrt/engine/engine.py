@@ -556,20 +556,13 @@ class Engine:
         version: int | None = None,
         timeout_s: float | None = None,
         priority: int = 0,
-        borrow: bool = False,
     ) -> InferResult:
-        """Answered by a worker, or at its deadline (RequestTimeout) if none has by then.
-        ``borrow``: the caller will not change ``inputs`` until this returns, so thread workers
-        read them where they are instead of a copy in the model's arena (C-contiguous arrays; a
-        process pool copies them all the same). Without it, the caller may reuse its arrays as
-        soon as the request is submitted."""
+        """Answered by a worker, or at its deadline (RequestTimeout) if none has by then."""
         loop = asyncio.get_running_loop()
         rt = self.runtime(model, version)
         completions = self._bind(loop)  # after: a runtime that started since is attached here
         future: asyncio.Future[None] = loop.create_future()
-        req = rt.submit(
-            inputs, timeout_s=timeout_s, on_done=completions.on_done, priority=priority, borrow=borrow
-        )
+        req = rt.submit(inputs, timeout_s=timeout_s, on_done=completions.on_done, priority=priority)
         req.future = future
         completions.outstanding += 1
         if req.deadline_ns:

@@ -322,7 +322,6 @@ class ModelRuntime:
         self.receiving_large = 0  # of them, large slots: at most a quarter of those too
         self._receiving_large_max = max(1, self.large.n_slots // 4) if self.large is not None else 0
         self.inputs_in_place = 0  # requests whose inputs were received in their slot: not copied
-        self.inputs_borrowed = 0  # in-process requests read where the caller keeps them (borrow)
         self._late: list[InferRequest] = []  # synchronous requests answered at their deadline (invariant 5)
         self._late_lock = threading.Lock()  # taken only where _late is not empty, or to park one
         self.rejected = 0
@@ -409,7 +408,6 @@ class ModelRuntime:
         on_done: Callable[[InferRequest], None] | None = None,
         priority: int = 0,
         received_slot: int = -1,
-        borrow: bool = False,
     ) -> InferRequest:
         """Queue the request without waiting. ``on_done``: the thread pool's worker calls it with
         the answer; the process pool's answers are read by the engine's event loop, which resolves
@@ -418,8 +416,8 @@ class ModelRuntime:
         ``priority``: its level, 1 (served first) .. ``levels``; 0: the model's default level.
         ``received_slot``: a slot from ``receive_slot`` whose payload holds ``inputs`` (their bytes
         as received): the request takes it over, whatever happens (it becomes the request's slot,
-        or is freed). ``borrow``: see ``_copy_in``."""
-        req = self._prepare(inputs, timeout_s, on_done, priority, received_slot, borrow)
+        or is freed)."""
+        req = self._prepare(inputs, timeout_s, on_done, priority, received_slot)
         refused: str | None = None
         try:
             kind = ASYNC if on_done is not None else SYNC  # SYNC: the worker sets the latch itself
@@ -609,7 +607,6 @@ class ModelRuntime:
         on_done: Callable[[InferRequest], None] | None,
         priority: int = 0,
         received_slot: int = -1,
-        borrow: bool = False,
     ) -> InferRequest:
         """Admission: refuse when unloading, validate, check the queue bound of the request's
         priority level, take a record (and a slot), stamp arrival, set the deadline from the
@@ -617,7 +614,7 @@ class ModelRuntime:
         if self._late:  # parked requests answered since give their records and slots back
             self._reap_late()
         if received_slot < 0:
-            return self._admit(inputs, timeout_s, on_done, priority, -1, borrow)
+            return self._admit(inputs, timeout_s, on_done, priority, -1)
         adopted = False
         try:
             req = self._admit(inputs, timeout_s, on_done, priority, received_slot)
@@ -635,7 +632,6 @@ class ModelRuntime:
         on_done: Callable[[InferRequest], None] | None,
         priority: int,
         received_slot: int,
-        borrow: bool = False,
     ) -> InferRequest:
         received_ns = time.monotonic_ns()
         config = self.config
@@ -681,7 +677,7 @@ class ModelRuntime:
         if timeout_s is not None:
             req.deadline_ns = received_ns + int(timeout_s * 1e9)
         try:
-            req.inputs = self._copy_in(req, arrays, received_slot, borrow)
+            req.inputs = self._copy_in(req, arrays, received_slot)
         except BaseException:
             self.table.release(req)
             raise
@@ -692,23 +688,13 @@ class ModelRuntime:
         return req
 
     def _copy_in(
-        self, req: InferRequest, arrays: dict[str, Array], received_slot: int = -1, borrow: bool = False
+        self, req: InferRequest, arrays: dict[str, Array], received_slot: int = -1
     ) -> dict[str, Array]:
         """The one copy of the request's tensors: into an arena slot (slot_layout.py; the header
         too when the pool's workers read it from another process), or into fresh arrays. With a
         ``received_slot`` whose payload holds them as received, none: the slot becomes the
-        request's (``_prepare`` frees it when they cannot be used in place and are copied).
-        ``borrow`` (an in-process caller's promise not to change its arrays until the answer):
-        none either, in the thread pool, for C-contiguous arrays: the workers read them where they
-        are, and the record keeps them alive until it is released (``inputs_borrowed``)."""
+        request's (``_prepare`` frees it when they cannot be used in place and are copied)."""
         arena, plan = self.arena, self._arena_plan
-        if (
-            borrow
-            and not (plan is not None and plan.required)
-            and all(a.flags.c_contiguous for a in arrays.values())
-        ):
-            self.inputs_borrowed += 1
-            return arrays
         if (
             received_slot >= 0
             and arena is not None
@@ -910,7 +896,6 @@ class ModelRuntime:
             "rejections": dict(self.rejections),
             "arena_fallbacks": self.arena_fallbacks,
             "inputs_in_place": self.inputs_in_place,  # received into their slot: never copied
-            "inputs_borrowed": self.inputs_borrowed,  # read where an in-process caller keeps them
             "queue_ns": total.queue_ns,
             "input_ns": total.input_ns,
             "infer_ns": total.infer_ns,
