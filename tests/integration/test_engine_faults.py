@@ -362,6 +362,7 @@ def test_no_replacement_once_shutdown_began(repo: Path) -> None:
         assert not t.is_alive() and isinstance(out[0], WorkerDied), out
         wait_until(lambda: rt.statistics()["worker_deaths"] == 1, f"the death reported ({rt.statistics()})")
         assert rt.statistics()["pids"][0] == pid and not engine.ready("paced")
+        assert rt.statistics()["failures"] == 1  # failed for the death: counted, as in the thread pool
 
 
 def test_worker_whose_engine_died_before_it_armed_exits_at_once(repo: Path) -> None:

@@ -545,6 +545,8 @@ class ProcessPool:
             if code < 0:
                 code = status
             self._count(req, code)
+        elif code == WORKER_DIED:  # failed for its worker's death: a failure, as in the thread pool
+            self._count(req, code)
         if code == OK:
             req.outputs = {k: v.copy() for k, v in read_tensors(slot_view, self.config, outputs=True).items()}
         elif code == TIMED_OUT:
@@ -571,7 +573,7 @@ class ProcessPool:
             stats.expired += 1
         elif code == CANCELLED:
             stats.cancelled += 1
-        elif code == FAILED:
+        elif code in (FAILED, WORKER_DIED):
             stats.failures += 1
         elif code == OK:
             queue_ns = t.dequeued_ns - t.enqueued_ns
