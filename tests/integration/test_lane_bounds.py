@@ -254,3 +254,35 @@ def test_the_lane_applies_the_queue_policys_timeout(
             with pytest.raises(RequestTimeout, match="not run"):
                 eng.infer("paced", paced_x(), timeout_s=timeout_s)
             assert rt.lane.stats.expired == 1 and len(state.CALLS) == calls  # not run
+
+
+LEVELS = (
+    "dynamic_batching:\n  priority_levels: 2\n  default_priority_level: 2\n"
+    "  priority_queue_policy:\n    1: {default_timeout_microseconds: 100}\n"
+)
+
+
+def test_a_request_for_another_priority_level_goes_to_the_queue(tmp_path: Path) -> None:
+    """The lane holds the default level's queue policy only: a request for another level (here
+    one whose 100 us timeout the default level does not have) is scheduled in the queue, where its
+    level's policy applies, over HTTP and in process."""
+    (tmp_path / "paced" / "1").mkdir(parents=True)
+    (tmp_path / "paced" / "1" / "model.py").write_text(PACED_PY)
+    (tmp_path / "paced" / "config.yaml").write_text(
+        f"backend: python\nmax_batch_size: 4\n{LEVELS}"
+        "input:\n  - {name: x, datatype: FP32, dims: [2]}\n"
+        "output:\n  - {name: y, datatype: FP32, dims: [2]}\n"
+        "instance_group: {count: 1}\n"
+    )
+    with Engine(tmp_path, EngineConfig(lane="inline"), models=["paced"]) as eng:
+        rt = eng.runtime("paced")
+        assert rt.lane.active
+        before = rt.lane.stats.requests
+        got = eng.infer("paced", paced_x(), priority=2)  # the default level: the lane
+        np.testing.assert_array_equal(got.outputs["y"], paced_x()["x"] * 2)
+        assert rt.lane.stats.requests == before + 1
+        eng.infer("paced", paced_x(), priority=1, timeout_s=60)  # its own timeout: it runs, queued
+        with ServerThread(eng, HTTP_ONLY) as st, HttpClient("127.0.0.1", st.ports["http"]) as client:
+            client.infer("paced", paced_x(), priority=1, timeout_s=60)
+        assert rt.lane.stats.requests == before + 1  # neither level-1 request ran on the lane
+        assert rt.statistics()["requests"] - rt.lane.stats.requests == 2  # the workers ran both

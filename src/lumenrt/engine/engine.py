@@ -488,14 +488,15 @@ class Engine:
         *,
         version: int | None = None,
         timeout_s: float | None = None,
+        priority: int = 0,
     ) -> InferResult:
         rt = self.runtime(model, version)
         if rt.lane.active:
             times = StageTimes()  # the caller keeps it: not the lane's own
-            outputs = rt.run_inline(inputs, times, timeout_s)
+            outputs = rt.run_inline(inputs, times, timeout_s, priority)
             if outputs is not None:
                 return InferResult(rt.config.name, rt.version, outputs, times)
-        req = rt.run(inputs, timeout_s=timeout_s)
+        req = rt.run(inputs, timeout_s=timeout_s, priority=priority)
         return self._finish(rt, req)
 
     def submit_callback(

@@ -508,12 +508,21 @@ class ModelRuntime:
                 self.release(r)
 
     def run_inline(
-        self, inputs: Mapping[str, Any], times: StageTimes | None = None, timeout_s: float | None = None
+        self,
+        inputs: Mapping[str, Any],
+        times: StageTimes | None = None,
+        timeout_s: float | None = None,
+        priority: int = 0,
     ) -> dict[str, Array] | None:
         """The outputs, computed in this thread now, or None: submit it (engine/lane.py). Without
         ``times`` (the front ends' way) the stage times are the lane's own and the outputs may be
-        its bound arrays: both valid until the lane's next request (lane.py invariant 5)."""
+        its bound arrays: both valid until the lane's next request (lane.py invariant 5). A
+        request for a priority level other than the model's default is always submitted: levels
+        are scheduled in the queue, and the lane holds the default level's queue policy only."""
         if self.closed:
+            return None
+        db = self.config.dynamic_batching
+        if priority and db is not None and db.level_of(priority) != db.level_of(0):
             return None
         return self.lane.run(inputs, self.queued(), times, timeout_s)
 

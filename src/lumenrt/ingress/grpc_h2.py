@@ -629,6 +629,7 @@ class GrpcConnection(Connection, asyncio.Protocol):
             received_ns=call.received_ns,
             protocol="grpc",
             request_id=prepared.request_id,
+            priority=prepared.priority,
         )
         if outcome is not None:
             self._answer_infer(call, outcome)

@@ -271,6 +271,7 @@ class GrpcServicer:
             received_ns=received_ns,
             protocol="grpc",
             request_id=call.request_id,
+            priority=call.priority,
         )
         if outcome is None:  # a client that cancels cancels this task: the request is dropped
             outcome = await service.infer(

@@ -823,6 +823,7 @@ def _infer(service: InferenceService, req: HttpRequest, name: str, version: str 
         received_ns=req.received_ns,
         protocol="http",
         request_id=parsed.request_id,
+        priority=parsed.priority,
     )
     if outcome is not None:
         return _infer_response(outcome, parsed)

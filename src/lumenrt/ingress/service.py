@@ -693,10 +693,12 @@ class InferenceService:
         received_ns: int = 0,
         protocol: str = "inprocess",
         request_id: str | int | None = None,
+        priority: int = 0,
     ) -> InferOutcome | None:
         """Run one request on the model's inline lane, now, in this thread (engine/lane.py); None
         when the lane does not take it (no lane, queue not empty, its time already up, shutting
-        down, this loop turn's inline time used up): the caller then awaits ``infer``. Raises
+        down, this loop turn's inline time used up, a priority level not the model's default):
+        the caller then awaits ``infer``. Raises
         ServerError. The outcome's stage times are the lane's, valid until its next request:
         encode the answer before serving another."""
         spinner = self.spinner
@@ -716,7 +718,7 @@ class InferenceService:
             return None
         start = received_ns or time.monotonic_ns()
         try:
-            result = rt.run_inline(arrays, None, timeout_s)
+            result = rt.run_inline(arrays, None, timeout_s, priority)
         except Exception as exc:
             self._lane_spent_ns += time.monotonic_ns() - start  # a failed run used the turn too
             error = as_server_error(exc)

@@ -266,6 +266,7 @@ class TcpConnection(Connection, asyncio.BufferedProtocol):
                 received_ns=self._received_ns,
                 protocol="tcp",
                 request_id=rid,
+                priority=priority,
             )
         except ServerError as exc:
             self._reply_error(rid, exc.status, exc.message)
