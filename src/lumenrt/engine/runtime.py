@@ -64,7 +64,14 @@ import numpy as np
 
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.descriptors import ASYNC, SYNC, push_request_wait, ring_capacity, try_push_request
+from lumenrt.engine.descriptors import (
+    ASYNC,
+    SYNC,
+    push_request_wait,
+    request_generation,
+    ring_capacity,
+    try_push_request,
+)
 from lumenrt.engine.lane import InlineLane
 from lumenrt.engine.process_pool import ProcessPool
 from lumenrt.engine.request import (
@@ -369,32 +376,37 @@ class ModelRuntime:
         if self.doorbell is not None:
             self.doorbell.close()
         self.workers.close(timeout_s)
-        if self.doorbell is not None:
-            self._fail_untokened()
+        if self.options.worker_mode == "thread":  # worker processes answer through their pool
+            self._fail_left()
         if self._late:  # every request is answered by now: the parked ones come back (invariant 5)
             self._reap_late()
         self.lane.close()
         self._revoke_lent()
         self.workers.release_memory()
 
-    def _fail_untokened(self) -> None:
-        """Requests left in the level rings after the workers ended: pushed just as the doorbell
-        closed, so their token was refused (batcher.PrioritySource). Answered here (invariant 1)."""
+    def _fail_left(self) -> None:
+        """Requests left in the level rings after the thread workers ended, answered here
+        (invariant 1): pushed just as the doorbell closed, so their token was refused
+        (batcher.PrioritySource), or left by a worker that died while shutting down, or whose
+        replacement gave up (thread_pool.py). Normally none: a worker ends at RingClosed, which a
+        ring raises only once closed and empty."""
         for ring in self.level_rings:
             while True:
                 try:
                     items = ring.pop_many(64, timeout_s=0)
-                except RingClosed:
-                    break
+                except (RingClosed, LrtError):  # drained; or a worker stuck past the join still
+                    break  # owns a spsc ring's consumer end (it answers what it takes)
                 if not items:
                     break
                 for item in items:
                     doorbell = self.doorbell
                     if doorbell is not None:  # its token, if it has one: no worker may take it
-                        with contextlib.suppress(RingClosed):
+                        with contextlib.suppress(RingClosed, LrtError):
                             doorbell.pop_many(1, timeout_s=0)
                     req = self.table.records[item.request_id]
-                    req.error = ModelNotReady(f"model {self.config.name!r} is unloading")
+                    if req.generation != request_generation(item) or req.times.completed_ns:
+                        continue
+                    req.error = ModelNotReady(f"model {self.config.name!r} unloaded before the request ran")
                     req.times.completed_ns = time.monotonic_ns()
                     self.table.complete_now(req)
 
@@ -451,7 +463,7 @@ class ModelRuntime:
                 pushed = try_push_request(self.level_rings[req.level - 1], req, SYNC)
                 if pushed and doorbell is not None and not self._push_token(doorbell, req, wait=not bounded):
                     # no token (the doorbell closed: unloading): in flight all the same, and
-                    # answered by close (_fail_untokened); wait for that, bounded
+                    # answered by close (_fail_left); wait for that, bounded
                     self.table.latches.wait(req.index, timeout_s=ABANDON_WAIT_S)
                 elif pushed and bounded:
                     late = not self._wait_until_deadline(req)
@@ -530,7 +542,7 @@ class ModelRuntime:
         """The token of a request already in its level ring (``wait``: and wait for its answer,
         ``push_request_wait``). False if the doorbell refused it: it is closed (the doorbell holds
         as many tokens as the level rings hold requests, so it is never full); the request then
-        stays in flight and ``close`` answers it (``_fail_untokened``)."""
+        stays in flight and ``close`` answers it (``_fail_left``)."""
         try:
             if wait:
                 return push_request_wait(doorbell, req, self.table.latches, self._spin_ns)

@@ -17,7 +17,7 @@ Invariants (beside runtime.py's)
   1. Every request admitted is answered exactly once: by the worker that took it (a result or a
      clear error), by that worker as it dies (WorkerDied naming the model, the worker and the
      cause: worker.py invariant 2), or, still in a ring once the workers have ended (one died
-     while shutting down and has no replacement to take it), by ``close`` (ModelNotReady).
+     while shutting down and has no replacement to take it), by the runtime's close (ModelNotReady, runtime.py ``_fail_left``).
   2. The pool is ready only while every worker is alive and loaded: a dying worker clears its
      readiness before failing what it held, and its replacement is ready once loaded.
   3. Deaths are replaced, one thread per index at a time, unless shutdown began (``stop``): the
@@ -33,24 +33,22 @@ Invariants (beside runtime.py's)
 
 Shutdown order: the runtime stops the pool (no replacement from now on) and closes the request
 ring; each worker drains what is left, sees RingClosed and closes its session; ``close`` joins
-them, then fails what is still in the rings (left by a worker that died while shutting down, or
-whose replacement gave up).
+them; the runtime then fails what is still in the rings (left by a worker that died while shutting
+down, or whose replacement gave up).
 """
 
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lumenrt.backends.base import Backend, Placement
 from lumenrt.engine.batcher import IdleBoard
 from lumenrt.engine.config import ModelConfig
-from lumenrt.engine.descriptors import request_generation
-from lumenrt.engine.request import InferRequest, ModelNotReady
+from lumenrt.engine.request import InferRequest
 from lumenrt.engine.worker import ThreadWorker, WorkerStats
-from lumenrt.native import Layout, LrtError, Region, RingClosed
+from lumenrt.native import Layout, Region
 
 if TYPE_CHECKING:
     from lumenrt.engine.runtime import ModelRuntime
@@ -143,30 +141,6 @@ class ThreadPool:
         self.stop()
         for w in self._workers:  # final (invariant 3)
             w.join(timeout_s)
-        self._fail_left()
-
-    def _fail_left(self) -> None:
-        """Answer what is still in the request rings with ModelNotReady (invariant 1). Normally
-        nothing: the workers ended at RingClosed, which a ring raises only once closed and empty."""
-        rt = self._rt
-        rings = [*rt.level_rings, *([rt.doorbell] if rt.doorbell is not None else [])]
-        for ring in rings:
-            while True:
-                try:
-                    items = ring.pop_many(64, timeout_s=0)
-                except (RingClosed, LrtError):  # drained; or a worker stuck past the join still
-                    break  # owns a spsc ring's consumer end (it answers what it takes)
-                if not items:
-                    break
-                if ring is rt.doorbell:  # tokens only (batcher.PrioritySource)
-                    continue
-                for item in items:
-                    req = rt.table.records[item.request_id]
-                    if req.generation != request_generation(item) or req.times.completed_ns:
-                        continue
-                    req.error = ModelNotReady(f"model {rt.config.name!r} unloaded before the request ran")
-                    req.times.completed_ns = time.monotonic_ns()
-                    rt.table.complete_now(req)
 
     # ---- supervision (worker.Supervisor: called from the workers' threads) -------------------
 
